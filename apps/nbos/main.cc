@@ -1,0 +1,75 @@
+// nbos: one binary, one subcommand per role (DESIGN.md §2).
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "jupyter/connection_file.h"
+#include "jupyter/kernelspec.h"
+#include "replica/kernel_server.h"
+
+namespace {
+
+constexpr char kVersion[] = NBOS_VERSION;
+
+std::string SelfPath() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "nbos" : p.string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nbos: replicated Jupyter kernels with GPUs bound per cell"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kVersion);
+
+  auto* kernel = app.add_subcommand("kernel", "Run a standalone Jupyter kernel over ZeroMQ");
+  std::string connection_file;
+  std::string log_level = "warn";
+  kernel->add_option("-f,--connection-file", connection_file, "Jupyter connection file")
+      ->required();
+  kernel->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->capture_default_str();
+
+  auto* kernelspec = app.add_subcommand("kernelspec", "Manage the nbos Jupyter kernelspec");
+  kernelspec->require_subcommand(1);
+  auto* install = kernelspec->add_subcommand("install", "Install the 'nbos' kernelspec");
+  bool user = false;
+  std::string prefix;
+  nbos::jupyter::KernelspecOptions spec;
+  install->add_flag("--user", user, "Install for the current user");
+  install->add_option("--prefix", prefix, "Install under PREFIX/share/jupyter/kernels");
+  install->add_option("--name", spec.name, "Kernelspec name")->capture_default_str();
+  install->add_option("--display-name", spec.display_name, "Name shown in Jupyter")
+      ->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*kernel) {
+    auto info = nbos::jupyter::ReadConnectionFile(connection_file);
+    if (!info.ok()) {
+      std::cerr << "nbos kernel: " << info.status().message() << "\n";
+      return 2;
+    }
+    nbos::replica::KernelOptions options;
+    options.connection = *info;
+    options.version = kVersion;
+    options.log_level = log_level;
+    return nbos::replica::RunKernel(options);
+  }
+  if (*install) {
+    spec.argv = {SelfPath(), "kernel", "-f", "{connection_file}"};
+    auto dir = nbos::jupyter::InstallKernelspec(nbos::jupyter::KernelsDir(user, prefix), spec);
+    if (!dir.ok()) {
+      std::cerr << "nbos kernelspec install: " << dir.status().message() << "\n";
+      return 1;
+    }
+    std::cout << "Installed kernelspec " << spec.name << " in " << *dir << "\n";
+    return 0;
+  }
+  return 0;
+}

@@ -1,0 +1,579 @@
+#include "replica/kernel_server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <spdlog/spdlog.h>
+
+#include "common/ids.h"
+#include "common/log.h"
+#include "jupyter/message.h"
+#include "jupyter/wire.h"
+#include "replica/fd_capture.h"
+#include "replica/python_engine.h"
+#include "replica/stream_buffer.h"
+
+namespace nbos::replica {
+
+namespace {
+
+using jupyter::Json;
+using jupyter::Message;
+
+// Past this much buffered output the flush thread sends it without waiting for the interval,
+// which bounds memory when a cell prints in a tight loop.
+constexpr size_t kEagerFlushBytes = 1u << 20;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+std::string UserName() {
+  const char* user = std::getenv("USER");
+  return user != nullptr && *user != '\0' ? user : "nbos";
+}
+
+void SendFrames(zmq::socket_t& socket, std::vector<std::string> frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    socket.send(zmq::buffer(frames[i]), flags);
+  }
+}
+
+class KernelServer final : public EngineHost {
+ public:
+  explicit KernelServer(const KernelOptions& options)
+      : options_(options),
+        factory_(NewUuid(), UserName()),
+        ctx_(1),
+        main_thread_(pthread_self()) {
+    limits_.max_message_bytes = options.max_message_bytes;
+  }
+
+  int Run();
+
+  void WriteStream(std::string_view name, std::string_view text) override {
+    streams_.Append(name, text);
+    if (streams_.buffered_bytes() >= kEagerFlushBytes) flush_cv_.notify_one();
+  }
+
+  void FlushStreams() override {
+    std::lock_guard lock(flush_mu_);
+    FlushStreamsLocked();
+  }
+
+  void Publish(std::string_view msg_type, std::string content_json, std::string metadata_json,
+               std::vector<std::string> buffers) override {
+    std::lock_guard lock(flush_mu_);
+    FlushStreamsLocked();
+    Message m = NewMessage(msg_type, Json::object(), CurrentParent());
+    m.metadata = Json::parse(metadata_json, nullptr, false);
+    if (!m.metadata.is_object()) m.metadata = Json::object();
+    m.buffers = std::move(buffers);
+    SendIopub(std::move(m), std::move(content_json));
+  }
+
+  Result<std::string> RequestInput(std::string_view prompt, bool password) override;
+
+ private:
+  Status Bind();
+  void ServeShell();
+  void ServeControl();
+  void ServeHeartbeat();
+  void FlushLoop();
+
+  void HandleShell(Message request);
+  void HandleControl(Message request);
+  void AbortQueuedExecutions();
+  void Interrupt(bool whole_group);
+  void RequestStop();
+
+  // Receives one message; nullopt when nothing could be decoded (logged and counted).
+  std::optional<Message> Receive(zmq::socket_t& socket, const char* channel,
+                                  zmq::recv_flags flags = zmq::recv_flags::none);
+  Message NewMessage(std::string_view msg_type, Json content, const Json& parent);
+  void SendReply(zmq::socket_t& socket, const Message& request, std::string content_json,
+                 Json metadata = Json::object());
+  void SendIopub(Message m, std::optional<std::string> content_json = std::nullopt);
+  void PublishStatus(const char* state, const Json& parent);
+  void FlushStreamsLocked();
+  std::string KernelInfo() {
+    std::lock_guard lock(info_mu_);
+    return kernel_info_;
+  }
+  Json CurrentParent() {
+    std::lock_guard lock(parent_mu_);
+    return parent_header_;
+  }
+
+  KernelOptions options_;
+  jupyter::Signer signer_;
+  jupyter::DecodeLimits limits_;
+  std::mutex factory_mu_;
+  jupyter::MessageFactory factory_;
+
+  zmq::context_t ctx_;
+  zmq::socket_t shell_, control_, stdin_, iopub_, hb_, wake_rx_, wake_tx_;
+  std::mutex iopub_mu_;
+  std::mutex wake_mu_;
+
+  StreamBuffer streams_;
+  std::mutex flush_mu_;  // orders stream flushes against other iopub messages
+  std::condition_variable_any flush_cv_;
+  std::mutex flush_wait_mu_;
+
+  std::mutex parent_mu_;
+  Json parent_header_ = Json::object();
+  std::vector<std::string> shell_identities_;
+
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> executing_{false};
+  std::atomic<uint64_t> rejected_signatures_{0};
+  std::atomic<uint64_t> malformed_messages_{0};
+  pthread_t main_thread_;
+  pid_t parent_pid_ = 0;
+
+  std::mutex info_mu_;
+  std::string kernel_info_;  // empty until the engine has started
+  std::unique_ptr<FdCapture> capture_;
+  std::unique_ptr<PythonEngine> engine_;
+  std::thread control_thread_, hb_thread_, flush_thread_;
+};
+
+int KernelServer::Run() {
+  auto signer = jupyter::Signer::Create(options_.connection.key, options_.connection.signature_scheme);
+  if (!signer.ok()) {
+    InitLogging(2, options_.log_level, "nbos-kernel");
+    spdlog::error("{}", signer.status().ToString());
+    return 2;
+  }
+  signer_ = *signer;
+
+  // Only the main thread takes SIGINT: KeyboardInterrupt must land in the thread running user
+  // code. Threads started from here on inherit the blocked mask.
+  sigset_t sigint;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigint, nullptr);
+
+  auto capture = FdCapture::Start([this](std::string_view name, std::string_view text) {
+    WriteStream(name, text);
+  });
+  if (!capture.ok()) {
+    InitLogging(2, options_.log_level, "nbos-kernel");
+    spdlog::error("{}", capture.status().ToString());
+    return 1;
+  }
+  capture_ = std::move(*capture);
+  InitLogging(capture_->original_stderr_fd(), options_.log_level, "nbos-kernel");
+  if (!signer_.enabled()) {
+    spdlog::warn("connection file has an empty key: messages are not authenticated");
+  }
+  if (const char* ppid = std::getenv("JPY_PARENT_PID"); ppid != nullptr) {
+    parent_pid_ = static_cast<pid_t>(std::atoi(ppid));
+  }
+
+  if (Status s = Bind(); !s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return 1;
+  }
+  PublishStatus("starting", Json::object());
+  control_thread_ = std::thread([this] { ServeControl(); });
+  hb_thread_ = std::thread([this] { ServeHeartbeat(); });
+  flush_thread_ = std::thread([this] { FlushLoop(); });
+  pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
+
+  auto engine = PythonEngine::Start(this, options_.version);
+  int exit_code = 0;
+  if (!engine.ok()) {
+    spdlog::error("{}", engine.status().ToString());
+    exit_code = 1;
+  } else {
+    engine_ = std::move(*engine);
+    {
+      std::lock_guard lock(info_mu_);
+      kernel_info_ = engine_->kernel_info_json();
+    }
+    ServeShell();
+    engine_->Shutdown();
+  }
+
+  stopping_ = true;
+  capture_->Drain();
+  FlushStreams();
+  flush_cv_.notify_all();
+  flush_thread_.join();
+  for (zmq::socket_t* s : {&shell_, &stdin_, &wake_rx_}) {
+    s->set(zmq::sockopt::linger, 0);
+    s->close();
+  }
+  ctx_.shutdown();
+  control_thread_.join();
+  hb_thread_.join();
+  iopub_.close();
+  control_.close();
+  {
+    std::lock_guard lock(wake_mu_);
+    wake_tx_.close();
+  }
+  ctx_.close();
+  uint64_t rejected = rejected_signatures_.load();
+  uint64_t malformed = malformed_messages_.load();
+  if (rejected + malformed > 0) {
+    spdlog::warn("dropped {} messages with invalid signatures and {} malformed messages", rejected,
+                 malformed);
+  }
+  spdlog::info("kernel exiting");
+  spdlog::default_logger()->flush();
+  capture_.reset();
+  return exit_code;
+}
+
+Status KernelServer::Bind() {
+  const auto& c = options_.connection;
+  try {
+    shell_ = zmq::socket_t(ctx_, zmq::socket_type::router);
+    control_ = zmq::socket_t(ctx_, zmq::socket_type::router);
+    stdin_ = zmq::socket_t(ctx_, zmq::socket_type::router);
+    iopub_ = zmq::socket_t(ctx_, zmq::socket_type::pub);
+    hb_ = zmq::socket_t(ctx_, zmq::socket_type::router);
+    wake_rx_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
+    wake_tx_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
+    // A slow subscriber must not silently lose cell output.
+    iopub_.set(zmq::sockopt::sndhwm, 100000);
+    iopub_.set(zmq::sockopt::linger, 1000);
+    for (auto [socket, port] : {std::pair{&shell_, c.shell_port}, {&control_, c.control_port},
+                                {&stdin_, c.stdin_port}, {&iopub_, c.iopub_port},
+                                {&hb_, c.hb_port}}) {
+      socket->bind(c.Endpoint(port));
+    }
+    std::string wake = "inproc://wake-" + factory_.session();
+    wake_rx_.bind(wake);
+    wake_tx_.connect(wake);
+  } catch (const zmq::error_t& e) {
+    return Unavailable(std::string("cannot bind kernel sockets: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+Message KernelServer::NewMessage(std::string_view msg_type, Json content, const Json& parent) {
+  std::lock_guard lock(factory_mu_);
+  return factory_.Make(msg_type, std::move(content), parent);
+}
+
+void KernelServer::SendReply(zmq::socket_t& socket, const Message& request,
+                             std::string content_json, Json metadata) {
+  Message reply = NewMessage(jupyter::ReplyTypeFor(request.msg_type()), Json::object(),
+                             request.header);
+  reply.identities = request.identities;
+  reply.metadata = std::move(metadata);
+  SendFrames(socket, jupyter::EncodeFramesWithContent(reply, std::move(content_json), signer_));
+}
+
+void KernelServer::SendIopub(Message m, std::optional<std::string> content_json) {
+  m.identities = {"kernel." + factory_.session() + "." + m.msg_type()};
+  auto frames = content_json ? jupyter::EncodeFramesWithContent(m, std::move(*content_json), signer_)
+                             : jupyter::EncodeFrames(m, signer_);
+  std::lock_guard lock(iopub_mu_);
+  SendFrames(iopub_, std::move(frames));
+}
+
+void KernelServer::PublishStatus(const char* state, const Json& parent) {
+  SendIopub(NewMessage("status", Json{{"execution_state", state}}, parent));
+}
+
+void KernelServer::FlushStreamsLocked() {
+  auto segments = streams_.Take();
+  if (segments.empty()) return;
+  Json parent = CurrentParent();
+  for (auto& seg : segments) {
+    SendIopub(NewMessage("stream", Json{{"name", seg.name}, {"text", std::move(seg.text)}}, parent));
+  }
+}
+
+std::optional<Message> KernelServer::Receive(zmq::socket_t& socket, const char* channel,
+                                             zmq::recv_flags flags) {
+  std::vector<zmq::message_t> parts;
+  auto n = zmq::recv_multipart(socket, std::back_inserter(parts), flags);
+  if (!n) return std::nullopt;
+  std::vector<std::string> frames;
+  frames.reserve(parts.size());
+  for (auto& p : parts) frames.emplace_back(p.to_string());
+  auto decoded = jupyter::DecodeFrames(std::move(frames), signer_, limits_);
+  if (!decoded.ok()) {
+    if (decoded.status().code() == StatusCode::kUnauthenticated) {
+      uint64_t count = ++rejected_signatures_;
+      spdlog::warn("dropped {} message with an invalid signature (total {})", channel, count);
+    } else {
+      uint64_t count = ++malformed_messages_;
+      spdlog::warn("dropped malformed {} message: {} (total {})", channel,
+                   decoded.status().message(), count);
+    }
+    return std::nullopt;
+  }
+  return std::move(*decoded);
+}
+
+void KernelServer::ServeShell() {
+  zmq::pollitem_t items[] = {{shell_.handle(), 0, ZMQ_POLLIN, 0},
+                             {wake_rx_.handle(), 0, ZMQ_POLLIN, 0}};
+  while (!stopping_) {
+    int ready;
+    {
+      PythonEngine::Unlocked nogil;
+      ready = zmq_poll(items, 2, -1);
+    }
+    if (ready < 0) {
+      if (zmq_errno() == EINTR) continue;
+      spdlog::error("shell poll failed: {}", zmq_strerror(zmq_errno()));
+      return;
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      zmq::message_t drop;
+      (void)wake_rx_.recv(drop, zmq::recv_flags::dontwait);
+      continue;
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+      try {
+        if (auto request = Receive(shell_, "shell", zmq::recv_flags::dontwait)) {
+          HandleShell(std::move(*request));
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR && e.num() != EAGAIN) throw;
+      }
+    }
+  }
+}
+
+void KernelServer::HandleShell(Message request) {
+  const std::string type = request.msg_type();
+  if (type == "shutdown_request") {
+    // Deprecated on shell since 5.4 but still sent by some clients.
+    HandleControl(std::move(request));
+    return;
+  }
+  FlushStreams();  // output of background threads belongs to the previous request
+  {
+    std::lock_guard lock(parent_mu_);
+    parent_header_ = request.header;
+    shell_identities_ = request.identities;
+  }
+  PublishStatus("busy", request.header);
+  bool abort_queue = false;
+  if (type == "kernel_info_request") {
+    SendReply(shell_, request, engine_->kernel_info_json());
+  } else if (PythonEngine::Handles(type)) {
+    const bool is_execute = type == "execute_request";
+    const std::string started = NowIsoUtc();
+    executing_ = is_execute;
+    auto reply = engine_->Handle(request);
+    executing_ = false;
+    capture_->Drain();
+    FlushStreams();
+    std::string content;
+    if (reply.ok()) {
+      content = reply->value_or("");
+    } else {
+      // Python raised outside user code, e.g. an interrupt that arrived just as a cell ended.
+      const std::string& text = reply.status().message();
+      std::string ename = text.substr(0, text.find(':'));
+      spdlog::warn("{} failed outside user code: {}", type, text);
+      content = Dump(Json{{"status", "error"},
+                          {"ename", ename},
+                          {"evalue", text},
+                          {"traceback", Json::array({text})},
+                          {"execution_count", 0}});
+    }
+    if (!content.empty()) {
+      Json metadata = Json::object();
+      if (is_execute) {
+        Json parsed = Json::parse(content, nullptr, false);
+        std::string status = parsed.is_object() ? parsed.value("status", "error") : "error";
+        metadata = Json{{"started", started},
+                        {"dependencies_met", true},
+                        {"engine", factory_.session()},
+                        {"status", status}};
+        abort_queue = status == "error" && request.content.value("stop_on_error", true);
+      }
+      SendReply(shell_, request, std::move(content), std::move(metadata));
+    }
+  } else if (!jupyter::ReplyTypeFor(type).empty()) {
+    spdlog::warn("unknown shell request type '{}'", type);
+    SendReply(shell_, request,
+              Dump(Json{{"status", "error"},
+                        {"ename", "UnknownMessageType"},
+                        {"evalue", "nbos kernel does not handle " + type},
+                        {"traceback", Json::array()}}));
+  } else {
+    spdlog::warn("ignoring shell message of type '{}'", type);
+  }
+  capture_->Drain();
+  FlushStreams();
+  PublishStatus("idle", request.header);
+  if (abort_queue) AbortQueuedExecutions();
+}
+
+void KernelServer::AbortQueuedExecutions() {
+  // Like ipykernel with stop_on_error: executions already queued behind a failed cell are
+  // answered "aborted" instead of running against state the failure left behind.
+  for (;;) {
+    std::optional<Message> request;
+    try {
+      zmq::pollitem_t item{shell_.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 0) <= 0) return;
+      request = Receive(shell_, "shell", zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (!request) continue;
+    if (request->msg_type() != "execute_request") {
+      HandleShell(std::move(*request));
+      continue;
+    }
+    PublishStatus("busy", request->header);
+    SendReply(shell_, *request, R"({"status":"aborted"})",
+              Json{{"engine", factory_.session()}, {"status", "aborted"}});
+    PublishStatus("idle", request->header);
+  }
+}
+
+Result<std::string> KernelServer::RequestInput(std::string_view prompt, bool password) {
+  FlushStreams();
+  Message request;
+  {
+    std::lock_guard lock(parent_mu_);
+    request = NewMessage("input_request", Json{{"prompt", prompt}, {"password", password}},
+                         parent_header_);
+    request.identities = shell_identities_;
+  }
+  SendFrames(stdin_, jupyter::EncodeFrames(request, signer_));
+  zmq::pollitem_t item{stdin_.handle(), 0, ZMQ_POLLIN, 0};
+  for (;;) {
+    int ready;
+    {
+      PythonEngine::Unlocked nogil;
+      ready = zmq_poll(&item, 1, 100);
+    }
+    if (ready < 0 && zmq_errno() != EINTR) {
+      return Internal(std::string("stdin poll failed: ") + zmq_strerror(zmq_errno()));
+    }
+    if (PythonEngine::RaiseIfSignalled()) return Unavailable("interrupted");
+    if (stopping_) return Unavailable("kernel is shutting down");
+    if (ready <= 0) continue;
+    auto reply = Receive(stdin_, "stdin", zmq::recv_flags::dontwait);
+    if (!reply || reply->msg_type() != "input_reply") continue;
+    auto value = reply->content.find("value");
+    if (value == reply->content.end() || !value->is_string()) return std::string();
+    return value->get<std::string>();
+  }
+}
+
+void KernelServer::ServeControl() {
+  while (!stopping_) {
+    std::optional<Message> request;
+    try {
+      request = Receive(control_, "control");
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      return;  // ETERM: the context is shutting down
+    }
+    if (request) HandleControl(std::move(*request));
+  }
+}
+
+void KernelServer::HandleControl(Message request) {
+  const std::string type = request.msg_type();
+  // A shutdown_request that came on shell is answered on shell; everything else on control.
+  zmq::socket_t& socket = pthread_equal(pthread_self(), main_thread_) ? shell_ : control_;
+  PublishStatus("busy", request.header);
+  bool stop = false;
+  if (type == "kernel_info_request") {
+    // Static after start-up, so control can answer without the engine's thread.
+    std::string info = KernelInfo();
+    if (!info.empty()) SendReply(socket, request, std::move(info));
+  } else if (type == "interrupt_request") {
+    Interrupt(/*whole_group=*/true);
+    SendReply(socket, request, R"({"status":"ok"})");
+  } else if (type == "shutdown_request") {
+    bool restart = request.content.value("restart", false);
+    Json content{{"status", "ok"}, {"restart", restart}};
+    SendReply(socket, request, Dump(content));
+    // ipykernel also broadcasts the reply, for clients that only listen on iopub.
+    SendIopub(NewMessage("shutdown_reply", content, request.header));
+    stop = true;
+  } else if (!jupyter::ReplyTypeFor(type).empty()) {
+    spdlog::warn("unknown control request type '{}'", type);
+    SendReply(socket, request,
+              Dump(Json{{"status", "error"},
+                        {"ename", "UnknownMessageType"},
+                        {"evalue", "nbos kernel does not handle " + type},
+                        {"traceback", Json::array()}}));
+  }
+  PublishStatus("idle", request.header);
+  if (stop) RequestStop();
+}
+
+void KernelServer::Interrupt(bool whole_group) {
+  // Like ipykernel: a kernel that leads its process group interrupts the group, so `!cmd`
+  // children stop too. Otherwise only the thread running user code is signalled.
+  if (whole_group && getpgid(0) == getpid()) {
+    killpg(getpid(), SIGINT);
+  } else {
+    pthread_kill(main_thread_, SIGINT);
+  }
+}
+
+void KernelServer::RequestStop() {
+  if (stopping_.exchange(true)) return;
+  if (executing_) Interrupt(/*whole_group=*/false);
+  std::lock_guard lock(wake_mu_);
+  try {
+    wake_tx_.send(zmq::str_buffer("stop"), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // The main loop is already gone.
+  }
+  flush_cv_.notify_all();
+}
+
+void KernelServer::ServeHeartbeat() {
+  try {
+    // A ROUTER proxied onto itself echoes every ping back to its sender.
+    zmq::proxy(hb_, hb_);
+  } catch (const zmq::error_t&) {
+    // ETERM at shutdown
+  }
+  hb_.close();
+}
+
+void KernelServer::FlushLoop() {
+  const auto interval = std::chrono::milliseconds(options_.stream_flush_interval_ms);
+  std::unique_lock lock(flush_wait_mu_);
+  while (!stopping_) {
+    flush_cv_.wait_for(lock, interval, [this] {
+      return stopping_.load() || streams_.buffered_bytes() >= kEagerFlushBytes;
+    });
+    if (streams_.buffered_bytes() > 0) FlushStreams();
+    if (parent_pid_ > 0 && kill(parent_pid_, 0) != 0 && errno == ESRCH) {
+      spdlog::warn("parent process {} is gone; shutting down", parent_pid_);
+      RequestStop();
+    }
+  }
+}
+
+}  // namespace
+
+int RunKernel(const KernelOptions& options) {
+  KernelServer server(options);
+  return server.Run();
+}
+
+}  // namespace nbos::replica

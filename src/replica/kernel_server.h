@@ -1,0 +1,25 @@
+// `nbos kernel`: the execution engine served as a plain Jupyter kernel over ZeroMQ, with the five
+// channels of a connection file. Shell and stdin are served on the main thread (which owns
+// Python); control, heartbeat, output flushing and fd capture run on their own threads, so
+// interrupt and shutdown are answered while a cell runs.
+#pragma once
+
+#include <string>
+
+#include "jupyter/connection_file.h"
+
+namespace nbos::replica {
+
+struct KernelOptions {
+  jupyter::ConnectionInfo connection;
+  std::string version;
+  std::string log_level = "warn";
+  int stream_flush_interval_ms = 200;
+  size_t max_message_bytes = 512u << 20;
+};
+
+// Serves until a shutdown_request (or the parent named by JPY_PARENT_PID exits). Returns the
+// process exit code. Call from the process's main thread before any other thread exists.
+int RunKernel(const KernelOptions& options);
+
+}  // namespace nbos::replica

@@ -1,0 +1,497 @@
+"""The Python side of the nbos execution engine.
+
+Runs cells through IPython's InteractiveShell, so magics, the display hook, `Out`, history and rich
+output behave as in ipykernel. Everything that leaves the process goes through the C++ module
+`_nbos`: stream text, iopub messages, stdin requests. The C++ side owns sockets, message headers,
+signatures and threads; this module owns Python semantics and builds message *content*.
+"""
+
+import builtins
+import getpass
+import json
+import os
+import signal
+import sys
+import traceback
+import uuid
+
+import _nbos
+
+# Plots without `%matplotlib inline` must still appear in the notebook, as under ipykernel.
+os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+
+from IPython.core.displayhook import DisplayHook  # noqa: E402
+from IPython.core.displaypub import DisplayPublisher  # noqa: E402
+from IPython.core.error import StdinNotImplementedError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+
+def _json_default(obj):
+    """Makes values that rich reprs commonly return JSON-serialisable."""
+    import datetime
+
+    if isinstance(obj, (datetime.date, datetime.datetime)):
+        return obj.isoformat()
+    if isinstance(obj, bytes):
+        import base64
+
+        return base64.b64encode(obj).decode("ascii")
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays
+        return obj.tolist()
+    return repr(obj)
+
+
+def _dumps(obj):
+    return json.dumps(obj, default=_json_default, ensure_ascii=False)
+
+
+def publish(msg_type, content, metadata=None, buffers=None):
+    _nbos.publish(msg_type, _dumps(content), _dumps(metadata or {}), list(buffers or []))
+
+
+class OutStream:
+    """sys.stdout/sys.stderr: text goes to the C++ stream buffer, which coalesces it."""
+
+    encoding = "utf-8"
+    errors = "replace"
+    newlines = None
+    closed = False
+    line_buffering = False
+
+    def __init__(self, name, fd):
+        self.name = name
+        self._fd = fd
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        try:
+            _nbos.write_stream(self.name, text)
+        except UnicodeEncodeError:
+            _nbos.write_stream(self.name, text.encode("utf-8", "replace").decode("utf-8"))
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        _nbos.flush_streams()
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def close(self):
+        pass
+
+
+class NbosDisplayHook(DisplayHook):
+    """Publishes a cell's trailing expression as execute_result."""
+
+    def start_displayhook(self):
+        self._bundle = {"data": {}, "metadata": {}, "execution_count": None}
+
+    def write_output_prompt(self):
+        self._bundle["execution_count"] = self.prompt_count
+
+    def write_format_data(self, format_dict, md_dict=None):
+        self._bundle["data"] = format_dict
+        self._bundle["metadata"] = md_dict or {}
+
+    def finish_displayhook(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self._bundle["data"]:
+            publish("execute_result", self._bundle)
+        self._bundle = None
+
+
+class NbosDisplayPublisher(DisplayPublisher):
+    """display() and friends become display_data / update_display_data / clear_output."""
+
+    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kw):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        content = {"data": data, "metadata": metadata or {}, "transient": transient or {}}
+        publish("update_display_data" if update else "display_data", content)
+
+    def clear_output(self, wait=False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        publish("clear_output", {"wait": bool(wait)})
+
+
+class NbosShell(InteractiveShell):
+    displayhook_class = NbosDisplayHook
+    display_pub_class = NbosDisplayPublisher
+
+    def init_io(self):
+        # The streams are installed by the engine; nothing to set up for a terminal.
+        pass
+
+    def _showtraceback(self, etype, evalue, stb):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        content = {"ename": str(etype.__name__), "evalue": str(evalue), "traceback": stb}
+        self._last_error = content
+        publish("error", content)
+
+    def set_next_input(self, text, replace=False):
+        self.payload_manager.write_payload(
+            {"source": "set_next_input", "text": text, "replace": replace}
+        )
+
+    def ask_exit(self):
+        self.exit_now = True
+        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": False})
+
+    def enable_gui(self, gui=None):
+        if gui not in (None, "inline"):
+            print(f"nbos: GUI event loop '{gui}' is not available in a remote kernel",
+                  file=sys.stderr)
+
+
+class Comm:
+    """A kernel-side comm; the frontend side is addressed by comm_id."""
+
+    def __init__(self, target_name="", data=None, metadata=None, buffers=None, comm_id=None,
+                 primary=True, target_module=None, **kwargs):
+        self.comm_id = comm_id or uuid.uuid4().hex
+        self.target_name = target_name
+        self.target_module = target_module
+        self.primary = primary
+        self._closed = not primary
+        self._msg_callback = None
+        self._close_callback = None
+        if primary:
+            self._closed = False
+            content = {"comm_id": self.comm_id, "target_name": target_name, "data": data or {}}
+            if target_module is not None:
+                content["target_module"] = target_module
+            publish("comm_open", content, metadata, buffers)
+            comm_manager.register_comm(self)
+
+    def send(self, data=None, metadata=None, buffers=None):
+        publish("comm_msg", {"comm_id": self.comm_id, "data": data or {}}, metadata, buffers)
+
+    def close(self, data=None, metadata=None, buffers=None, deleting=False):
+        if self._closed:
+            return
+        self._closed = True
+        publish("comm_close", {"comm_id": self.comm_id, "data": data or {}}, metadata, buffers)
+        comm_manager.unregister_comm(self)
+
+    def on_msg(self, callback):
+        self._msg_callback = callback
+
+    def on_close(self, callback):
+        self._close_callback = callback
+
+    def handle_msg(self, msg):
+        if self._msg_callback is not None:
+            self._msg_callback(msg)
+
+    def handle_close(self, msg):
+        if self._close_callback is not None:
+            self._close_callback(msg)
+
+
+class CommManager:
+    def __init__(self):
+        self.comms = {}
+        self.targets = {}
+
+    def register_target(self, target_name, f):
+        self.targets[target_name] = f
+
+    def unregister_target(self, target_name, f=None):
+        return self.targets.pop(target_name, None)
+
+    def register_comm(self, comm):
+        self.comms[comm.comm_id] = comm
+        return comm.comm_id
+
+    def unregister_comm(self, comm):
+        self.comms.pop(comm.comm_id, None)
+
+    def get_comm(self, comm_id):
+        return self.comms.get(comm_id)
+
+    def comm_open(self, msg):
+        content = msg["content"]
+        comm = Comm(comm_id=content.get("comm_id"), primary=False,
+                    target_name=content.get("target_name", ""))
+        self.register_comm(comm)
+        handler = self.targets.get(content.get("target_name"))
+        if handler is not None:
+            try:
+                handler(comm, msg)
+                return
+            except Exception:
+                traceback.print_exc()
+        else:
+            print(f"No such comm target registered: {content.get('target_name')}",
+                  file=sys.stderr)
+        # The frontend must learn that this comm is dead.
+        comm._closed = False
+        comm.close()
+
+    def comm_msg(self, msg):
+        comm = self.get_comm(msg["content"].get("comm_id"))
+        if comm is not None:
+            try:
+                comm.handle_msg(msg)
+            except Exception:
+                traceback.print_exc()
+
+    def comm_close(self, msg):
+        comm = self.comms.pop(msg["content"].get("comm_id"), None)
+        if comm is not None:
+            comm._closed = True
+            try:
+                comm.handle_close(msg)
+            except Exception:
+                traceback.print_exc()
+
+    def comm_info(self, target_name=None):
+        return {
+            cid: {"target_name": c.target_name}
+            for cid, c in self.comms.items()
+            if target_name is None or c.target_name == target_name
+        }
+
+
+comm_manager = CommManager()
+
+
+class KernelShim:
+    """What libraries look for at get_ipython().kernel."""
+
+    def __init__(self):
+        self.comm_manager = comm_manager
+        self.implementation = "nbos"
+
+
+def _input(prompt=""):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _nbos.input_request(str(prompt), False)
+
+
+def _getpass(prompt="Password: ", stream=None):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _nbos.input_request(str(prompt), True)
+
+
+def _no_input(prompt=""):
+    raise StdinNotImplementedError(
+        "raw_input was called, but this frontend does not support input requests."
+    )
+
+
+class Engine:
+    """One per process. C++ calls handle() on the main thread with the GIL held."""
+
+    def __init__(self, version):
+        sys.stdout = OutStream("stdout", 1)
+        sys.stderr = OutStream("stderr", 2)
+        self.shell = NbosShell.instance()
+        self.shell._last_error = None
+        self.shell.kernel = KernelShim()
+        self.version = version
+        self._handlers = {
+            "execute_request": self.execute,
+            "complete_request": self.complete,
+            "inspect_request": self.inspect,
+            "is_complete_request": self.is_complete,
+            "history_request": self.history,
+            "comm_info_request": self.comm_info,
+            "comm_open": self.comm_open,
+            "comm_msg": self.comm_msg,
+            "comm_close": self.comm_close,
+        }
+        self.set_interruptible(False)
+
+    @staticmethod
+    def set_interruptible(on):
+        """SIGINT raises KeyboardInterrupt only while a request runs; idle, it is ignored."""
+        signal.signal(signal.SIGINT, signal.default_int_handler if on else signal.SIG_IGN)
+
+    def kernel_info(self):
+        import IPython
+
+        return _dumps({
+            "status": "ok",
+            "protocol_version": "5.3",
+            "implementation": "nbos",
+            "implementation_version": self.version,
+            "language_info": {
+                "name": "python",
+                "version": sys.version.split()[0],
+                "mimetype": "text/x-python",
+                "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+                "pygments_lexer": "ipython%d" % sys.version_info[0],
+                "nbconvert_exporter": "python",
+                "file_extension": ".py",
+            },
+            "banner": f"Python {sys.version}\nIPython {IPython.__version__} on nbos {self.version}",
+            "help_links": [
+                {"text": "Python Reference", "url": "https://docs.python.org/3/"},
+                {"text": "IPython Reference", "url": "https://ipython.readthedocs.io/"},
+            ],
+            "debugger": False,
+        })
+
+    def handle(self, msg_type, msg_json, buffers):
+        """Returns the reply content as JSON text, or None for messages without a reply."""
+        handler = self._handlers.get(msg_type)
+        if handler is None:
+            return None
+        msg = json.loads(msg_json)
+        msg["buffers"] = [memoryview(b) for b in buffers]
+        reply = handler(msg)
+        return None if reply is None else _dumps(reply)
+
+    def execute(self, msg):
+        content = msg["content"]
+        shell = self.shell
+        code = content.get("code", "")
+        if not isinstance(code, str):
+            return {"status": "error", "ename": "TypeError", "evalue": "code must be a string",
+                    "traceback": [], "execution_count": shell.execution_count}
+        silent = bool(content.get("silent", False))
+        store_history = bool(content.get("store_history", not silent))
+        user_expressions = content.get("user_expressions") or {}
+        allow_stdin = bool(content.get("allow_stdin", False))
+        cell_id = (msg.get("metadata") or {}).get("cellId")
+
+        if not silent:
+            publish("execute_input", {"code": code, "execution_count": shell.execution_count})
+        saved_input, saved_getpass = builtins.input, getpass.getpass
+        builtins.input = _input if allow_stdin else _no_input
+        getpass.getpass = _getpass if allow_stdin else _no_input
+        shell._last_error = None
+        self.set_interruptible(True)
+        try:
+            result = shell.run_cell(code, store_history=store_history, silent=silent,
+                                    cell_id=cell_id)
+        finally:
+            self.set_interruptible(False)
+            builtins.input, getpass.getpass = saved_input, saved_getpass
+
+        reply = {"execution_count": shell.execution_count - 1}
+        if result.success:
+            reply["status"] = "ok"
+            reply["user_expressions"] = shell.user_expressions(user_expressions)
+        else:
+            err = result.error_before_exec or result.error_in_exec
+            shown = shell._last_error or {}
+            reply.update({
+                "status": "error",
+                "ename": shown.get("ename", type(err).__name__),
+                "evalue": shown.get("evalue", str(err)),
+                "traceback": shown.get("traceback", []),
+                "user_expressions": {},
+            })
+        reply["payload"] = shell.payload_manager.read_payload()
+        shell.payload_manager.clear_payload()
+        return reply
+
+    def complete(self, msg):
+        from IPython.core.completer import provisionalcompleter, rectify_completions
+
+        code = msg["content"].get("code", "")
+        cursor_pos = msg["content"].get("cursor_pos")
+        if cursor_pos is None:
+            cursor_pos = len(code)
+        with provisionalcompleter():
+            raw = self.shell.Completer.completions(code, cursor_pos)
+            completions = list(rectify_completions(code, raw))
+        types = [
+            {"start": c.start, "end": c.end, "text": c.text, "type": c.type,
+             "signature": c.signature}
+            for c in completions
+        ]
+        start = completions[0].start if completions else cursor_pos
+        end = completions[0].end if completions else cursor_pos
+        return {
+            "status": "ok",
+            "matches": [c.text for c in completions],
+            "cursor_start": start,
+            "cursor_end": end,
+            "metadata": {"_jupyter_types_experimental": types},
+        }
+
+    def inspect(self, msg):
+        from IPython.utils.tokenutil import token_at_cursor
+
+        content = msg["content"]
+        code = content.get("code", "")
+        cursor_pos = content.get("cursor_pos", len(code))
+        name = token_at_cursor(code, cursor_pos)
+        reply = {"status": "ok", "found": False, "data": {}, "metadata": {}}
+        try:
+            reply["data"] = self.shell.object_inspect_mime(
+                name, detail_level=content.get("detail_level", 0))
+            reply["found"] = True
+        except KeyError:
+            pass
+        return reply
+
+    def is_complete(self, msg):
+        status, indent = self.shell.input_transformer_manager.check_complete(
+            msg["content"].get("code", ""))
+        reply = {"status": status}
+        if status == "incomplete":
+            reply["indent"] = " " * (indent or 0)
+        return reply
+
+    def history(self, msg):
+        c = msg["content"]
+        hm = self.shell.history_manager
+        raw, output = c.get("raw", True), c.get("output", False)
+        kind = c.get("hist_access_type", "tail")
+        if kind == "tail":
+            hist = hm.get_tail(c.get("n", 10), raw=raw, output=output, include_latest=True)
+        elif kind == "range":
+            hist = hm.get_range(c.get("session", 0), c.get("start", 1), c.get("stop"),
+                                raw=raw, output=output)
+        elif kind == "search":
+            hist = hm.search(c.get("pattern", "*"), raw=raw, output=output, n=c.get("n"),
+                             unique=c.get("unique", False))
+        else:
+            hist = []
+        return {"status": "ok", "history": list(hist)}
+
+    def comm_info(self, msg):
+        return {"status": "ok", "comms": comm_manager.comm_info(msg["content"].get("target_name"))}
+
+    def comm_open(self, msg):
+        comm_manager.comm_open(msg)
+
+    def comm_msg(self, msg):
+        comm_manager.comm_msg(msg)
+
+    def comm_close(self, msg):
+        comm_manager.comm_close(msg)
+
+    def shutdown(self):
+        try:
+            self.shell.atexit_operations()
+        except Exception:
+            pass

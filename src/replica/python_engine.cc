@@ -1,0 +1,126 @@
+#include "replica/python_engine.h"
+
+#include <pybind11/embed.h>
+#include <pybind11/stl.h>
+
+#include <cassert>
+
+#include "replica/nbos_engine_source.h"
+
+namespace py = pybind11;
+
+namespace nbos::replica {
+
+namespace {
+
+// CPython is one per process, so the host the `_nbos` module talks to is too.
+EngineHost* g_host = nullptr;
+
+std::string PythonErrorText(py::error_already_set& e) { return e.what(); }
+
+}  // namespace
+
+PYBIND11_EMBEDDED_MODULE(_nbos, m) {
+  m.def("write_stream", [](const std::string& name, const std::string& text) {
+    if (g_host) g_host->WriteStream(name, text);
+  });
+  m.def("flush_streams", [] {
+    if (g_host) g_host->FlushStreams();
+  });
+  m.def("publish", [](const std::string& msg_type, std::string content_json,
+                      std::string metadata_json, std::vector<py::bytes> buffers) {
+    if (!g_host) return;
+    std::vector<std::string> raw;
+    raw.reserve(buffers.size());
+    for (auto& b : buffers) raw.emplace_back(b);
+    g_host->Publish(msg_type, std::move(content_json), std::move(metadata_json), std::move(raw));
+  });
+  m.def("input_request", [](const std::string& prompt, bool password) -> std::string {
+    if (!g_host) throw py::value_error("no kernel host");
+    auto r = g_host->RequestInput(prompt, password);
+    if (!r.ok()) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      throw std::runtime_error(r.status().message());
+    }
+    return std::move(r).value();
+  });
+}
+
+struct PythonEngine::Impl {
+  py::scoped_interpreter interpreter{/*init_signal_handlers=*/true};
+  py::object engine;
+};
+
+PythonEngine::PythonEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PythonEngine::~PythonEngine() {
+  g_host = nullptr;
+  if (impl_) impl_->engine = py::object();
+}
+
+Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std::string version) {
+  assert(g_host == nullptr && "one PythonEngine per process");
+  auto impl = std::make_unique<Impl>();
+  g_host = host;
+  try {
+    py::module_ types = py::module_::import("types");
+    py::module_ sys = py::module_::import("sys");
+    py::module_ module = types.attr("ModuleType")("nbos_engine");
+    module.attr("__file__") = "<nbos_engine>";
+    sys.attr("modules")["nbos_engine"] = module;
+    py::module_ builtins = py::module_::import("builtins");
+    py::object code = builtins.attr("compile")(kNbosEngineSource, "<nbos_engine>", "exec");
+    builtins.attr("exec")(code, module.attr("__dict__"));
+    impl->engine = module.attr("Engine")(version);
+    std::unique_ptr<PythonEngine> engine(new PythonEngine(std::move(impl)));
+    engine->kernel_info_json_ = engine->impl_->engine.attr("kernel_info")().cast<std::string>();
+    return engine;
+  } catch (py::error_already_set& e) {
+    g_host = nullptr;
+    return Internal("starting the Python engine failed: " + PythonErrorText(e));
+  }
+}
+
+bool PythonEngine::Handles(std::string_view msg_type) {
+  static constexpr std::string_view kTypes[] = {
+      "execute_request", "complete_request", "inspect_request", "is_complete_request",
+      "history_request", "comm_info_request", "comm_open",      "comm_msg",
+      "comm_close"};
+  for (auto t : kTypes) {
+    if (t == msg_type) return true;
+  }
+  return false;
+}
+
+Result<std::optional<std::string>> PythonEngine::Handle(const jupyter::Message& request) {
+  try {
+    jupyter::Json msg{{"header", request.header},
+                      {"parent_header", request.parent_header},
+                      {"metadata", request.metadata},
+                      {"content", request.content}};
+    std::vector<py::bytes> buffers;
+    for (const auto& b : request.buffers) buffers.emplace_back(b);
+    py::object reply = impl_->engine.attr("handle")(
+        request.msg_type(), msg.dump(-1, ' ', false, jupyter::Json::error_handler_t::replace),
+        buffers);
+    if (reply.is_none()) return std::optional<std::string>();
+    return std::optional<std::string>(reply.cast<std::string>());
+  } catch (py::error_already_set& e) {
+    return Status(StatusCode::kInternal, PythonErrorText(e));
+  }
+}
+
+void PythonEngine::Shutdown() {
+  try {
+    impl_->engine.attr("shutdown")();
+  } catch (py::error_already_set&) {
+    // Exit hooks failing must not keep the kernel from exiting.
+  }
+}
+
+bool PythonEngine::RaiseIfSignalled() { return PyErr_CheckSignals() != 0; }
+
+PythonEngine::Unlocked::Unlocked() : state_(PyEval_SaveThread()) {}
+PythonEngine::Unlocked::~Unlocked() { PyEval_RestoreThread(static_cast<PyThreadState*>(state_)); }
+
+}  // namespace nbos::replica

@@ -1,0 +1,75 @@
+// The execution engine: an embedded CPython running cells through IPython's InteractiveShell
+// (python/nbos_engine.py). One per process, driven from the thread that started it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "jupyter/message.h"
+
+namespace nbos::replica {
+
+// What the engine needs from the process hosting it. Called on the engine's thread with the GIL
+// held, except WriteStream, which other threads may call too.
+class EngineHost {
+ public:
+  virtual ~EngineHost() = default;
+  virtual void WriteStream(std::string_view name, std::string_view text) = 0;
+  // Sends everything buffered on stdout/stderr (including captured fds) as stream messages.
+  virtual void FlushStreams() = 0;
+  // Publishes an iopub message with the current request as parent.
+  virtual void Publish(std::string_view msg_type, std::string content_json,
+                       std::string metadata_json, std::vector<std::string> buffers) = 0;
+  // Asks the client for input over stdin and waits for the reply. Returns kUnavailable with a
+  // Python exception set when the wait was interrupted (the engine re-raises it).
+  virtual Result<std::string> RequestInput(std::string_view prompt, bool password) = 0;
+};
+
+class PythonEngine {
+ public:
+  // Starts the interpreter on the calling thread, which keeps the GIL between calls.
+  static Result<std::unique_ptr<PythonEngine>> Start(EngineHost* host, std::string version);
+  ~PythonEngine();
+  PythonEngine(const PythonEngine&) = delete;
+  PythonEngine& operator=(const PythonEngine&) = delete;
+
+  // kernel_info_reply content (static for the life of the process).
+  const std::string& kernel_info_json() const { return kernel_info_json_; }
+
+  // True for the message types Handle() answers or consumes.
+  static bool Handles(std::string_view msg_type);
+  // Runs one request. Returns the reply content as JSON text, or nullopt for messages that have
+  // no reply (comm_*). A Python exception outside user code becomes kInternal with its text.
+  Result<std::optional<std::string>> Handle(const jupyter::Message& request);
+
+  // Saves history and runs IPython's exit hooks.
+  void Shutdown();
+
+  // Runs pending Python signal handlers. Returns true, leaving the Python error set, when one of
+  // them raised (e.g. KeyboardInterrupt). Requires the GIL.
+  static bool RaiseIfSignalled();
+
+  // Releases the GIL for its lifetime.
+  class Unlocked {
+   public:
+    Unlocked();
+    ~Unlocked();
+    Unlocked(const Unlocked&) = delete;
+    Unlocked& operator=(const Unlocked&) = delete;
+
+   private:
+    void* state_;
+  };
+
+ private:
+  struct Impl;
+  explicit PythonEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::string kernel_info_json_;
+};
+
+}  // namespace nbos::replica
