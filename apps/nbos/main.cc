@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     options.connection = *info;
     options.version = kVersion;
     options.log_level = log_level;
-    return nbos::replica::RunKernel(options);
+    nbos::replica::RunKernel(options);
   }
   if (*install) {
     spec.argv = {SelfPath(), "kernel", "-f", "{connection_file}"};

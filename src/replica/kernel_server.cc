@@ -571,9 +571,11 @@ void KernelServer::FlushLoop() {
 
 }  // namespace
 
-int RunKernel(const KernelOptions& options) {
-  KernelServer server(options);
-  return server.Run();
+void RunKernel(const KernelOptions& options) {
+  auto server = std::make_unique<KernelServer>(options);
+  int exit_code = server->Run();
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
 }
 
 }  // namespace nbos::replica

@@ -18,8 +18,10 @@ struct KernelOptions {
   size_t max_message_bytes = 512u << 20;
 };
 
-// Serves until a shutdown_request (or the parent named by JPY_PARENT_PID exits). Returns the
-// process exit code. Call from the process's main thread before any other thread exists.
-int RunKernel(const KernelOptions& options);
+// Serves until a shutdown_request (or the parent named by JPY_PARENT_PID exits), then ends the
+// process with its exit code. Python is not finalized: a user's non-daemon thread would hold the
+// exit forever, and IPython's own exit hooks have run by then. Call from the process's main
+// thread before any other thread exists.
+[[noreturn]] void RunKernel(const KernelOptions& options);
 
 }  // namespace nbos::replica
