@@ -28,8 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto decoded = nbos::jupyter::DecodeFrames(frames, *signer);
   if (decoded.ok()) {
     // Whatever decodes must encode again and decode to the same message.
-    auto again = nbos::jupyter::DecodeFrames(nbos::jupyter::EncodeFrames(*decoded, *signer),
-                                             *signer);
+    auto again =
+        nbos::jupyter::DecodeFrames(nbos::jupyter::EncodeFrames(*decoded, *signer), *signer);
     if (!again.ok() || again->header != decoded->header || again->content != decoded->content) {
       __builtin_trap();
     }

@@ -1,10 +1,9 @@
 // nbos: one binary, one subcommand per role (DESIGN.md §2).
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "jupyter/connection_file.h"
 #include "jupyter/kernelspec.h"
@@ -57,6 +56,7 @@ int main(int argc, char** argv) {
     }
     nbos::replica::KernelOptions options;
     options.connection = *info;
+    options.connection_file = std::filesystem::absolute(connection_file).string();
     options.version = kVersion;
     options.log_level = log_level;
     nbos::replica::RunKernel(options);

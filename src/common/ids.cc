@@ -1,10 +1,10 @@
 #include "common/ids.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <ctime>
 #include <random>
-
-#include <fmt/format.h>
 
 namespace nbos {
 

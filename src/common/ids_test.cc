@@ -1,8 +1,8 @@
 #include "common/ids.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace nbos {
 namespace {

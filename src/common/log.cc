@@ -1,13 +1,12 @@
 #include "common/log.h"
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <memory>
 #include <mutex>
 #include <string>
-
-#include <spdlog/sinks/base_sink.h>
-#include <spdlog/spdlog.h>
 
 namespace nbos {
 

@@ -1,9 +1,8 @@
 #include "jupyter/connection_file.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace nbos::jupyter {
 
@@ -44,20 +43,19 @@ Result<ConnectionInfo> ParseConnectionInfo(std::string_view json_text) {
     *out = static_cast<int>(v);
     return Status::Ok();
   };
-  for (Status s : {get_string("transport", &info.transport, false),
-                   get_string("ip", &info.ip, false), get_string("key", &info.key, false),
-                   get_string("signature_scheme", &info.signature_scheme, false),
-                   get_string("kernel_name", &info.kernel_name, false),
-                   get_port("shell_port", &info.shell_port),
-                   get_port("iopub_port", &info.iopub_port),
-                   get_port("stdin_port", &info.stdin_port),
-                   get_port("control_port", &info.control_port),
-                   get_port("hb_port", &info.hb_port)}) {
+  for (Status s :
+       {get_string("transport", &info.transport, false), get_string("ip", &info.ip, false),
+        get_string("key", &info.key, false),
+        get_string("signature_scheme", &info.signature_scheme, false),
+        get_string("kernel_name", &info.kernel_name, false),
+        get_port("shell_port", &info.shell_port), get_port("iopub_port", &info.iopub_port),
+        get_port("stdin_port", &info.stdin_port), get_port("control_port", &info.control_port),
+        get_port("hb_port", &info.hb_port)}) {
     if (!s.ok()) return s;
   }
   if (info.transport != "tcp" && info.transport != "ipc") {
-    return InvalidArgument("connection file transport must be tcp or ipc, not '" +
-                           info.transport + "'");
+    return InvalidArgument("connection file transport must be tcp or ipc, not '" + info.transport +
+                           "'");
   }
   if (info.signature_scheme.empty()) info.signature_scheme = "hmac-sha256";
   return info;

@@ -8,14 +8,10 @@ namespace {
 
 Json ToJsonObject(const WsMessage& m) {
   const Message& msg = m.message;
-  return Json{{"header", msg.header},
-              {"parent_header", msg.parent_header},
-              {"metadata", msg.metadata},
-              {"content", msg.content},
-              {"buffers", Json::array()},
-              {"channel", ChannelName(m.channel)},
-              {"msg_id", msg.msg_id()},
-              {"msg_type", msg.msg_type()}};
+  return Json{{"header", msg.header},     {"parent_header", msg.parent_header},
+              {"metadata", msg.metadata}, {"content", msg.content},
+              {"buffers", Json::array()}, {"channel", ChannelName(m.channel)},
+              {"msg_id", msg.msg_id()},   {"msg_type", msg.msg_type()}};
 }
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
@@ -45,15 +41,13 @@ Result<WsMessage> FromJson(std::string_view text) {
     }
   }
   Message& msg = out.message;
-  for (auto [key, field] : {std::pair{"header", &msg.header},
-                            std::pair{"parent_header", &msg.parent_header},
-                            std::pair{"metadata", &msg.metadata},
-                            std::pair{"content", &msg.content}}) {
+  for (auto [key, field] :
+       {std::pair{"header", &msg.header}, std::pair{"parent_header", &msg.parent_header},
+        std::pair{"metadata", &msg.metadata}, std::pair{"content", &msg.content}}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;  // parent_header/metadata are often omitted
     if (!it->is_object()) {
-      return InvalidArgument(std::string("websocket message field '") + key +
-                             "' is not an object");
+      return InvalidArgument(std::string("websocket message field '") + key + "' is not an object");
     }
     *field = std::move(*it);
   }

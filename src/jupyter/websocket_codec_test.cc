@@ -46,8 +46,8 @@ TEST(WebsocketCodecTest, BinaryRoundTripWithBuffers) {
 }
 
 TEST(WebsocketCodecTest, MissingChannelMeansShell) {
-  auto d = DecodeWs(R"({"header":{"msg_type":"kernel_info_request","msg_id":"1"},"content":{}})",
-                    false);
+  auto d =
+      DecodeWs(R"({"header":{"msg_type":"kernel_info_request","msg_id":"1"},"content":{}})", false);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->channel, Channel::kShell);
 }

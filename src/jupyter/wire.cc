@@ -83,8 +83,7 @@ std::string Dump(const Json& j) {
 }
 
 std::vector<std::string> Assemble(const Message& m, std::string header, std::string parent,
-                                  std::string metadata, std::string content,
-                                  const Signer& signer) {
+                                  std::string metadata, std::string content, const Signer& signer) {
   std::vector<std::string> frames;
   frames.reserve(m.identities.size() + 6 + m.buffers.size());
   frames.insert(frames.end(), m.identities.begin(), m.identities.end());
@@ -123,7 +122,8 @@ Result<Message> DecodeFrames(std::vector<std::string> frames, const Signer& sign
   size_t total = 0;
   for (const auto& f : frames) total += f.size();
   if (total > limits.max_message_bytes) {
-    return ResourceExhausted("message of " + std::to_string(total) + " bytes exceeds the limit of " +
+    return ResourceExhausted("message of " + std::to_string(total) +
+                             " bytes exceeds the limit of " +
                              std::to_string(limits.max_message_bytes));
   }
   size_t delim = 0;

@@ -1,11 +1,11 @@
 #include "jupyter/wire.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
-
-#include <gtest/gtest.h>
 
 namespace nbos::jupyter {
 namespace {
@@ -80,13 +80,10 @@ TEST(WireTest, OversizedMessageIsResourceExhausted) {
   Message m = Sample();
   m.buffers = {std::string(2000, 'x')};
   auto frames = EncodeFrames(m, Signer());
-  EXPECT_EQ(DecodeFrames(frames, Signer(), limits).status().code(),
-            StatusCode::kResourceExhausted);
+  EXPECT_EQ(DecodeFrames(frames, Signer(), limits).status().code(), StatusCode::kResourceExhausted);
 }
 
-TEST(WireTest, UnsupportedSchemeRejected) {
-  EXPECT_FALSE(Signer::Create("k", "hmac-md5").ok());
-}
+TEST(WireTest, UnsupportedSchemeRejected) { EXPECT_FALSE(Signer::Create("k", "hmac-md5").ok()); }
 
 TEST(WireTest, ReplyTypes) {
   EXPECT_EQ(ReplyTypeFor("execute_request"), "execute_reply");
@@ -104,8 +101,7 @@ TEST(WireTest, SignaturesMatchJupyterClient) {
     for (auto& c : s) c = static_cast<char>(rng() & 0xff);
     return s;
   };
-  auto dir = std::filesystem::temp_directory_path() /
-             ("nbos-hmac-" + std::to_string(::getpid()));
+  auto dir = std::filesystem::temp_directory_path() / ("nbos-hmac-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   constexpr int kCases = 20;
   std::vector<std::string> ours;
@@ -121,13 +117,16 @@ TEST(WireTest, SignaturesMatchJupyterClient) {
     std::ofstream(dir / (std::to_string(i) + ".key"), std::ios::binary) << key;
     ours.push_back(Signer::Create(key)->Sign({parts[0], parts[1], parts[2], parts[3]}));
   }
-  std::string script = "import sys,pathlib\n"
-                       "from jupyter_client.session import Session\n"
-                       "d=pathlib.Path(sys.argv[1])\n"
-                       "for i in range(" + std::to_string(kCases) + "):\n"
-                       "  k=(d/f'{i}.key').read_bytes()\n"
-                       "  s=Session(key=k, signature_scheme='hmac-sha256')\n"
-                       "  print(s.sign([(d/f'{i}.{p}').read_bytes() for p in range(4)]).decode())\n";
+  std::string script =
+      "import sys,pathlib\n"
+      "from jupyter_client.session import Session\n"
+      "d=pathlib.Path(sys.argv[1])\n"
+      "for i in range(" +
+      std::to_string(kCases) +
+      "):\n"
+      "  k=(d/f'{i}.key').read_bytes()\n"
+      "  s=Session(key=k, signature_scheme='hmac-sha256')\n"
+      "  print(s.sign([(d/f'{i}.{p}').read_bytes() for p in range(4)]).decode())\n";
   std::ofstream(dir / "sign.py") << script;
   std::string cmd = "/usr/bin/python3 " + (dir / "sign.py").string() + " " + dir.string();
   FILE* pipe = popen(cmd.c_str(), "r");

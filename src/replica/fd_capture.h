@@ -33,7 +33,7 @@ class FdCapture {
   void ReadAvailable(int i);
 
   Sink sink_;
-  int pipes_[2] = {-1, -1};     // read ends for fd 1 and fd 2
+  int pipes_[2] = {-1, -1};      // read ends for fd 1 and fd 2
   int saved_fds_[2] = {-1, -1};  // the original fd 1 and fd 2
   int wake_[2] = {-1, -1};
   std::string pending_[2];  // incomplete UTF-8 tails

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,8 +14,6 @@
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
-
-#include <spdlog/spdlog.h>
 
 #include "common/ids.h"
 #include "common/log.h"
@@ -52,10 +51,7 @@ void SendFrames(zmq::socket_t& socket, std::vector<std::string> frames) {
 class KernelServer final : public EngineHost {
  public:
   explicit KernelServer(const KernelOptions& options)
-      : options_(options),
-        factory_(NewUuid(), UserName()),
-        ctx_(1),
-        main_thread_(pthread_self()) {
+      : options_(options), factory_(NewUuid(), UserName()), ctx_(1), main_thread_(pthread_self()) {
     limits_.max_message_bytes = options.max_message_bytes;
   }
 
@@ -99,7 +95,7 @@ class KernelServer final : public EngineHost {
 
   // Receives one message; nullopt when nothing could be decoded (logged and counted).
   std::optional<Message> Receive(zmq::socket_t& socket, const char* channel,
-                                  zmq::recv_flags flags = zmq::recv_flags::none);
+                                 zmq::recv_flags flags = zmq::recv_flags::none);
   Message NewMessage(std::string_view msg_type, Json content, const Json& parent);
   void SendReply(zmq::socket_t& socket, const Message& request, std::string content_json,
                  Json metadata = Json::object());
@@ -150,7 +146,8 @@ class KernelServer final : public EngineHost {
 };
 
 int KernelServer::Run() {
-  auto signer = jupyter::Signer::Create(options_.connection.key, options_.connection.signature_scheme);
+  auto signer =
+      jupyter::Signer::Create(options_.connection.key, options_.connection.signature_scheme);
   if (!signer.ok()) {
     InitLogging(2, options_.log_level, "nbos-kernel");
     spdlog::error("{}", signer.status().ToString());
@@ -165,9 +162,8 @@ int KernelServer::Run() {
   sigaddset(&sigint, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigint, nullptr);
 
-  auto capture = FdCapture::Start([this](std::string_view name, std::string_view text) {
-    WriteStream(name, text);
-  });
+  auto capture = FdCapture::Start(
+      [this](std::string_view name, std::string_view text) { WriteStream(name, text); });
   if (!capture.ok()) {
     InitLogging(2, options_.log_level, "nbos-kernel");
     spdlog::error("{}", capture.status().ToString());
@@ -192,7 +188,7 @@ int KernelServer::Run() {
   flush_thread_ = std::thread([this] { FlushLoop(); });
   pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
 
-  auto engine = PythonEngine::Start(this, options_.version);
+  auto engine = PythonEngine::Start(this, options_.version, options_.connection_file);
   int exit_code = 0;
   if (!engine.ok()) {
     spdlog::error("{}", engine.status().ToString());
@@ -251,8 +247,10 @@ Status KernelServer::Bind() {
     // A slow subscriber must not silently lose cell output.
     iopub_.set(zmq::sockopt::sndhwm, 100000);
     iopub_.set(zmq::sockopt::linger, 1000);
-    for (auto [socket, port] : {std::pair{&shell_, c.shell_port}, {&control_, c.control_port},
-                                {&stdin_, c.stdin_port}, {&iopub_, c.iopub_port},
+    for (auto [socket, port] : {std::pair{&shell_, c.shell_port},
+                                {&control_, c.control_port},
+                                {&stdin_, c.stdin_port},
+                                {&iopub_, c.iopub_port},
                                 {&hb_, c.hb_port}}) {
       socket->bind(c.Endpoint(port));
     }
@@ -272,8 +270,8 @@ Message KernelServer::NewMessage(std::string_view msg_type, Json content, const 
 
 void KernelServer::SendReply(zmq::socket_t& socket, const Message& request,
                              std::string content_json, Json metadata) {
-  Message reply = NewMessage(jupyter::ReplyTypeFor(request.msg_type()), Json::object(),
-                             request.header);
+  Message reply =
+      NewMessage(jupyter::ReplyTypeFor(request.msg_type()), Json::object(), request.header);
   reply.identities = request.identities;
   reply.metadata = std::move(metadata);
   SendFrames(socket, jupyter::EncodeFramesWithContent(reply, std::move(content_json), signer_));
@@ -281,8 +279,9 @@ void KernelServer::SendReply(zmq::socket_t& socket, const Message& request,
 
 void KernelServer::SendIopub(Message m, std::optional<std::string> content_json) {
   m.identities = {"kernel." + factory_.session() + "." + m.msg_type()};
-  auto frames = content_json ? jupyter::EncodeFramesWithContent(m, std::move(*content_json), signer_)
-                             : jupyter::EncodeFrames(m, signer_);
+  auto frames = content_json
+                    ? jupyter::EncodeFramesWithContent(m, std::move(*content_json), signer_)
+                    : jupyter::EncodeFrames(m, signer_);
   std::lock_guard lock(iopub_mu_);
   SendFrames(iopub_, std::move(frames));
 }
@@ -296,7 +295,8 @@ void KernelServer::FlushStreamsLocked() {
   if (segments.empty()) return;
   Json parent = CurrentParent();
   for (auto& seg : segments) {
-    SendIopub(NewMessage("stream", Json{{"name", seg.name}, {"text", std::move(seg.text)}}, parent));
+    SendIopub(
+        NewMessage("stream", Json{{"name", seg.name}, {"text", std::move(seg.text)}}, parent));
   }
 }
 

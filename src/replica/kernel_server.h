@@ -12,6 +12,7 @@ namespace nbos::replica {
 
 struct KernelOptions {
   jupyter::ConnectionInfo connection;
+  std::string connection_file;  // shown by %connect_info
   std::string version;
   std::string log_level = "warn";
   int stream_flush_interval_ms = 200;

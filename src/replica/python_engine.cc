@@ -58,7 +58,8 @@ PythonEngine::~PythonEngine() {
   if (impl_) impl_->engine = py::object();
 }
 
-Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std::string version) {
+Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std::string version,
+                                                          std::string connection_file) {
   assert(g_host == nullptr && "one PythonEngine per process");
   auto impl = std::make_unique<Impl>();
   g_host = host;
@@ -71,7 +72,7 @@ Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std:
     py::module_ builtins = py::module_::import("builtins");
     py::object code = builtins.attr("compile")(kNbosEngineSource, "<nbos_engine>", "exec");
     builtins.attr("exec")(code, module.attr("__dict__"));
-    impl->engine = module.attr("Engine")(version);
+    impl->engine = module.attr("Engine")(version, connection_file);
     std::unique_ptr<PythonEngine> engine(new PythonEngine(std::move(impl)));
     engine->kernel_info_json_ = engine->impl_->engine.attr("kernel_info")().cast<std::string>();
     return engine;
@@ -83,9 +84,9 @@ Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std:
 
 bool PythonEngine::Handles(std::string_view msg_type) {
   static constexpr std::string_view kTypes[] = {
-      "execute_request", "complete_request", "inspect_request", "is_complete_request",
-      "history_request", "comm_info_request", "comm_open",      "comm_msg",
-      "comm_close"};
+      "execute_request",     "complete_request", "inspect_request",
+      "is_complete_request", "history_request",  "comm_info_request",
+      "comm_open",           "comm_msg",         "comm_close"};
   for (auto t : kTypes) {
     if (t == msg_type) return true;
   }

@@ -32,7 +32,9 @@ class EngineHost {
 class PythonEngine {
  public:
   // Starts the interpreter on the calling thread, which keeps the GIL between calls.
-  static Result<std::unique_ptr<PythonEngine>> Start(EngineHost* host, std::string version);
+  // `connection_file` is what %connect_info shows; may be empty.
+  static Result<std::unique_ptr<PythonEngine>> Start(EngineHost* host, std::string version,
+                                                     std::string connection_file = "");
   ~PythonEngine();
   PythonEngine(const PythonEngine&) = delete;
   PythonEngine& operator=(const PythonEngine&) = delete;

@@ -24,6 +24,7 @@ from IPython.core.displayhook import DisplayHook  # noqa: E402
 from IPython.core.displaypub import DisplayPublisher  # noqa: E402
 from IPython.core.error import StdinNotImplementedError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+from IPython.core.magic import Magics, line_magic, magics_class  # noqa: E402
 
 
 def _json_default(obj):
@@ -135,7 +136,13 @@ class NbosDisplayPublisher(DisplayPublisher):
         publish("clear_output", {"wait": bool(wait)})
 
 
-class NbosShell(InteractiveShell):
+class ZMQInteractiveShell(InteractiveShell):
+    """The shell of a kernel served over ZeroMQ.
+
+    Named like ipykernel's shell because libraries detect "running in a Jupyter kernel" by
+    `get_ipython().__class__.__name__ == "ZMQInteractiveShell"` and should behave here as there.
+    """
+
     displayhook_class = NbosDisplayHook
     display_pub_class = NbosDisplayPublisher
 
@@ -163,6 +170,92 @@ class NbosShell(InteractiveShell):
         if gui not in (None, "inline"):
             print(f"nbos: GUI event loop '{gui}' is not available in a remote kernel",
                   file=sys.stderr)
+
+    def init_environment(self):
+        # Output goes to a notebook, not a terminal: colour-capable TERM, and no interactive
+        # pagers in `!git log` and friends, as users of Jupyter kernels expect.
+        os.environ.update({"TERM": "xterm-color", "CLICOLOR": "1", "PAGER": "cat",
+                           "GIT_PAGER": "cat"})
+
+    def init_hooks(self):
+        super().init_hooks()
+        # Help (`obj?`, %pinfo, %less) goes to the frontend's pager as a payload, not to stdout.
+        from IPython.core import page, payloadpage
+
+        self.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
+
+    def init_magics(self):
+        super().init_magics()
+        self.register_magics(KernelMagics)
+
+
+@magics_class
+class KernelMagics(Magics):
+    """The magics a Jupyter kernel adds to IPython's own."""
+
+    @line_magic
+    def autosave(self, arg_s):
+        """Set the notebook's autosave interval in seconds (0 disables it)."""
+        try:
+            interval = int(arg_s)
+        except ValueError as e:
+            from IPython.core.error import UsageError
+
+            raise UsageError("%autosave requires an integer, got %r" % arg_s) from e
+        from IPython.display import publish_display_data
+
+        publish_display_data(
+            {"application/javascript": "IPython.notebook.set_autosave_interval(%i)"
+             % (interval * 1000)})
+        print("Autosaving every %i seconds" % interval if interval else "Autosave disabled")
+
+    def _page_file(self, arg_s):
+        from IPython.core import page
+        from IPython.core.error import UsageError
+        from IPython.utils.openpy import read_py_file
+
+        if not arg_s:
+            raise UsageError("Missing filename.")
+        if arg_s.endswith(".py"):
+            text = self.shell.pycolorize(read_py_file(arg_s, skip_encoding_cookie=False))
+        else:
+            with open(arg_s, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        page.page(text)
+
+    @line_magic
+    def less(self, arg_s):
+        """Show a file through the pager."""
+        self._page_file(arg_s)
+
+    more = line_magic("more")(less)
+
+    @line_magic
+    def man(self, arg_s):
+        """Show a man page through the pager."""
+        from IPython.core import page
+        from IPython.utils.process import getoutput
+
+        page.page(getoutput("man %s | col -b" % arg_s))
+
+    @line_magic
+    def clear(self, arg_s):
+        """Clear the terminal (an ANSI clear sequence in the output)."""
+        self.shell.system("clear")
+
+    @line_magic
+    def connect_info(self, arg_s):
+        """Print how to connect another client to this kernel."""
+        path = CONNECTION_FILE
+        if not path:
+            print("This kernel has no connection file to share.")
+            return
+        with open(path, encoding="utf-8") as f:
+            print(f.read())
+        print("\nPaste the above JSON into a file, and connect with:\n"
+              "    $> jupyter <app> --existing <file>\n"
+              "or, if you are local, you can connect with just:\n"
+              f"    $> jupyter <app> --existing {os.path.basename(path)}")
 
 
 class Comm:
@@ -276,6 +369,7 @@ class CommManager:
 
 
 comm_manager = CommManager()
+CONNECTION_FILE = ""  # set by Engine
 
 
 class KernelShim:
@@ -304,15 +398,25 @@ def _no_input(prompt=""):
     )
 
 
+def _no_getpass(prompt="", stream=None):
+    raise StdinNotImplementedError(
+        "getpass was called, but this frontend does not support input requests."
+    )
+
+
 class Engine:
     """One per process. C++ calls handle() on the main thread with the GIL held."""
 
-    def __init__(self, version):
+    def __init__(self, version, connection_file=""):
+        global CONNECTION_FILE
+        CONNECTION_FILE = connection_file
         sys.stdout = OutStream("stdout", 1)
         sys.stderr = OutStream("stderr", 2)
-        self.shell = NbosShell.instance()
+        self.shell = ZMQInteractiveShell.instance()
         self.shell._last_error = None
         self.shell.kernel = KernelShim()
+        # As IPython's own applications do by default: %store persists across sessions.
+        self.shell.extension_manager.load_extension("storemagic")
         self.version = version
         self._handlers = {
             "execute_request": self.execute,
@@ -384,7 +488,7 @@ class Engine:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         saved_input, saved_getpass = builtins.input, getpass.getpass
         builtins.input = _input if allow_stdin else _no_input
-        getpass.getpass = _getpass if allow_stdin else _no_input
+        getpass.getpass = _getpass if allow_stdin else _no_getpass
         shell._last_error = None
         self.set_interruptible(True)
         try:
