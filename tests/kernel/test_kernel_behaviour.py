@@ -5,6 +5,7 @@ Each test starts a real `nbos kernel` process on a fresh connection file and tal
 jupyter_client, the library every Jupyter frontend is built on.
 """
 
+import json
 import os
 import pathlib
 import queue
@@ -395,3 +396,55 @@ def test_shutdown_does_not_wait_for_user_threads(kernel):
     kernel.get_control_reply(ctl)
     assert kernel.wait_exit(timeout=15) == 0
 
+
+
+def test_restart_through_kernel_manager_gives_a_fresh_kernel(kernelspec_dir):
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="nbos")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=TIMEOUT)
+        kc.execute_interactive("x = 1", timeout=TIMEOUT)
+        first = kc.kernel_info(reply=True, timeout=TIMEOUT)["header"]["session"]
+        old_pid = km.provisioner.process.pid
+        km.restart_kernel(now=False)
+        kc.wait_for_ready(timeout=TIMEOUT)
+        assert km.provisioner.process.pid != old_pid
+        info = kc.kernel_info(reply=True, timeout=TIMEOUT)
+        assert info["header"]["session"] != first
+        reply = kc.execute_interactive("'x' in dir()", timeout=TIMEOUT)
+        assert reply["content"]["execution_count"] == 1
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=False)
+    assert not km.is_alive()
+
+
+def test_kernelspec_install_locations(tmp_path):
+    env = dict(os.environ, JUPYTER_DATA_DIR=str(tmp_path / "data"))
+    subprocess.run([nbos_bin(), "kernelspec", "install", "--user", "--name", "nbos-test"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    spec = json.loads((tmp_path / "data/kernels/nbos-test/kernel.json").read_text())
+    assert spec["argv"][1:] == ["kernel", "-f", "{connection_file}"]
+    assert os.path.samefile(spec["argv"][0], nbos_bin())
+    assert spec["language"] == "python"
+    subprocess.run([nbos_bin(), "kernelspec", "install", "--prefix", str(tmp_path / "p")],
+                   check=True, stdout=subprocess.DEVNULL)
+    assert (tmp_path / "p/share/jupyter/kernels/nbos/kernel.json").exists()
+    bad = subprocess.run([nbos_bin(), "kernelspec", "install", "--prefix", str(tmp_path),
+                          "--name", "../escape"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "kernelspec name" in bad.stderr
+
+
+def test_bad_connection_files_are_clear_errors(tmp_path):
+    missing = subprocess.run([nbos_bin(), "kernel", "-f", str(tmp_path / "nope.json")],
+                             capture_output=True, text=True, timeout=TIMEOUT)
+    assert missing.returncode == 2 and "cannot read connection file" in missing.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"shell_port": 1}')
+    result = subprocess.run([nbos_bin(), "kernel", "-f", str(broken)], capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    assert result.returncode == 2 and "iopub_port" in result.stderr
