@@ -101,6 +101,7 @@ class KernelServer final : public EngineHost {
                  Json metadata = Json::object());
   void SendIopub(Message m, std::optional<std::string> content_json = std::nullopt);
   void PublishStatus(const char* state, const Json& parent);
+  void ReplyUnknownRequest(zmq::socket_t& socket, const Message& request, const char* channel);
   void FlushStreamsLocked();
   std::string KernelInfo() {
     std::lock_guard lock(info_mu_);
@@ -286,6 +287,17 @@ void KernelServer::SendIopub(Message m, std::optional<std::string> content_json)
   SendFrames(iopub_, std::move(frames));
 }
 
+void KernelServer::ReplyUnknownRequest(zmq::socket_t& socket, const Message& request,
+                                       const char* channel) {
+  // Replying, rather than staying silent, keeps a client from waiting forever.
+  spdlog::warn("unknown {} request type '{}'", channel, request.msg_type());
+  SendReply(socket, request,
+            Dump(Json{{"status", "error"},
+                      {"ename", "UnknownMessageType"},
+                      {"evalue", "nbos kernel does not handle " + request.msg_type()},
+                      {"traceback", Json::array()}}));
+}
+
 void KernelServer::PublishStatus(const char* state, const Json& parent) {
   SendIopub(NewMessage("status", Json{{"execution_state", state}}, parent));
 }
@@ -407,12 +419,7 @@ void KernelServer::HandleShell(Message request) {
       SendReply(shell_, request, std::move(content), std::move(metadata));
     }
   } else if (!jupyter::ReplyTypeFor(type).empty()) {
-    spdlog::warn("unknown shell request type '{}'", type);
-    SendReply(shell_, request,
-              Dump(Json{{"status", "error"},
-                        {"ename", "UnknownMessageType"},
-                        {"evalue", "nbos kernel does not handle " + type},
-                        {"traceback", Json::array()}}));
+    ReplyUnknownRequest(shell_, request, "shell");
   } else {
     spdlog::warn("ignoring shell message of type '{}'", type);
   }
@@ -511,12 +518,7 @@ void KernelServer::HandleControl(Message request) {
     SendIopub(NewMessage("shutdown_reply", content, request.header));
     stop = true;
   } else if (!jupyter::ReplyTypeFor(type).empty()) {
-    spdlog::warn("unknown control request type '{}'", type);
-    SendReply(socket, request,
-              Dump(Json{{"status", "error"},
-                        {"ename", "UnknownMessageType"},
-                        {"evalue", "nbos kernel does not handle " + type},
-                        {"traceback", Json::array()}}));
+    ReplyUnknownRequest(socket, request, "control");
   }
   PublishStatus("idle", request.header);
   if (stop) RequestStop();
