@@ -1,0 +1,468 @@
+#include "replication/raft_node.h"
+
+#include <algorithm>
+#include <cassert>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <thread>
+
+extern "C" {
+#include <raft.h>
+#include <raft/uv.h>
+}
+#include <uv.h>
+
+#include "replication/raft_fsm.h"
+
+namespace nbos::replication {
+
+namespace {
+
+int RaftRole(Role role) {
+  switch (role) {
+    case Role::kVoter:
+      return RAFT_VOTER;
+    case Role::kStandby:
+      return RAFT_STANDBY;
+    case Role::kSpare:
+      return RAFT_SPARE;
+  }
+  return RAFT_SPARE;
+}
+
+}  // namespace
+
+struct RaftNode::Impl {
+  RaftNodeOptions options;
+  StateMachine* machine = nullptr;
+
+  uv_loop_t loop{};
+  uv_async_t wake{};
+  std::thread thread;
+  std::thread::id loop_thread_id;
+
+  std::mutex mu;
+  std::deque<std::function<void()>> posted;  // guarded by mu
+  bool closed = false;                       // guarded by mu: no more work is accepted
+
+  struct raft_uv_transport transport {};
+  struct raft_io io {};
+  struct raft_fsm fsm {};
+  struct raft raft {};
+
+  // Loop-thread state.
+  bool in_flight = false;
+  std::deque<std::pair<std::string, Committed>> waiting;
+  bool raft_closing = false;
+
+  // Runs `fn` on the loop thread. False when the node is closed (fn is dropped).
+  bool Post(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mu);
+      if (closed) return false;
+      posted.push_back(std::move(fn));
+    }
+    uv_async_send(&wake);
+    return true;
+  }
+
+  // Runs `fn(done)` on the loop thread while the node is open; otherwise fails `done` there (or
+  // here, once the loop is gone). Every public operation goes through this.
+  template <typename DoneT, typename Fn>
+  void Submit(const char* what, DoneT done, Fn fn) {
+    auto shared = std::make_shared<DoneT>(std::move(done));
+    bool accepted = Post([this, what, shared, fn = std::move(fn)]() mutable {
+      if (raft_closing) {
+        (*shared)(Unavailable(std::string(what) + ": node is shutting down"));
+        return;
+      }
+      fn(std::move(*shared));
+    });
+    if (!accepted) (*shared)(Unavailable(std::string(what) + ": node is closed"));
+  }
+
+  // Runs `fn` on the loop thread and waits for its result.
+  template <typename T>
+  T Call(std::function<T()> fn, T if_closed) {
+    if (std::this_thread::get_id() == loop_thread_id) return fn();
+    auto promise = std::make_shared<std::promise<T>>();
+    auto future = promise->get_future();
+    if (!Post([fn, promise] { promise->set_value(fn()); })) return if_closed;
+    return future.get();
+  }
+
+  static void OnWake(uv_async_t* handle) {
+    auto* self = static_cast<Impl*>(handle->data);
+    std::deque<std::function<void()>> work;
+    {
+      std::lock_guard lock(self->mu);
+      work.swap(self->posted);
+    }
+    for (auto& fn : work) fn();
+  }
+
+  Status Error(int rv, const char* what) {
+    if (rv == RAFT_NOTLEADER) {
+      raft_id leader_id = 0;
+      const char* leader_address = nullptr;
+      raft_leader(&raft, &leader_id, &leader_address);
+      if (leader_id == 0) return Unavailable(std::string(what) + ": not leader, no leader known");
+      return Unavailable(std::string(what) + ": not leader; leader is " +
+                         std::to_string(leader_id) + " at " + leader_address);
+    }
+    if (rv == RAFT_SHUTDOWN) return Unavailable(std::string(what) + ": node is shutting down");
+    if (rv == RAFT_LEADERSHIPLOST) {
+      return Unavailable(std::string(what) + ": leadership lost before commit");
+    }
+    return Internal(std::string(what) + ": " + raft_strerror(rv));
+  }
+
+  // --- proposals, bounded in flight ---
+
+  // One raft_apply carries every waiting command (up to max_batch) as consecutive entries, and
+  // only one is in flight at a time. Batching is what C-Raft handles well (many concurrent
+  // requests degrade it badly), and C-Raft 0.15 crashes in raft_close when more than one apply
+  // request is pending.
+  struct ApplyRequest {
+    struct raft_apply req {};
+    Impl* impl = nullptr;
+    std::vector<Committed> done;  // one per entry, in log order
+  };
+
+  static void OnApplied(struct raft_apply* req, int status, void* /*result*/) {
+    std::unique_ptr<ApplyRequest> r(static_cast<ApplyRequest*>(req->data));
+    Impl* self = r->impl;
+    self->in_flight = false;
+    for (size_t i = 0; i < r->done.size(); ++i) {
+      if (status == 0) {
+        r->done[i](static_cast<uint64_t>(req->index + i));
+      } else {
+        r->done[i](self->Error(status, "propose"));
+      }
+    }
+    self->SubmitWaiting();
+  }
+
+  void SubmitWaiting() {
+    if (in_flight || waiting.empty() || raft_closing) return;
+    const size_t n = std::min(waiting.size(), options.max_batch);
+    std::vector<struct raft_buffer> bufs(n);
+    auto r = std::make_unique<ApplyRequest>();
+    r->impl = this;
+    r->req.data = r.get();
+    for (size_t i = 0; i < n; ++i) {
+      auto [command, done] = std::move(waiting.front());
+      waiting.pop_front();
+      if (!EncodeEntry(command, &bufs[i])) {
+        for (size_t j = 0; j < i; ++j) raft_free(bufs[j].base);
+        for (auto& d : r->done) d(Internal("propose: out of memory"));
+        done(Internal("propose: out of memory"));
+        return;
+      }
+      r->done.push_back(std::move(done));
+    }
+    int rv = raft_apply(&raft, &r->req, bufs.data(), static_cast<unsigned>(n), OnApplied);
+    if (rv != 0) {
+      for (auto& b : bufs) raft_free(b.base);  // ownership passes to C-Raft only on success
+      Status error = Error(rv, "propose");
+      for (auto& d : r->done) d(error);
+      // The waiting ones would fail the same way (e.g. not leader): fail them now, in order.
+      while (!waiting.empty()) {
+        auto done = std::move(waiting.front().second);
+        waiting.pop_front();
+        done(error);
+      }
+      return;
+    }
+    in_flight = true;
+    r.release();  // owned by the request until OnApplied
+  }
+
+  // --- barrier, membership, transfer ---
+
+  struct BarrierRequest {
+    struct raft_barrier req {};
+    Impl* impl = nullptr;
+    Committed done;
+  };
+
+  static void OnBarrier(struct raft_barrier* req, int status) {
+    std::unique_ptr<BarrierRequest> r(static_cast<BarrierRequest*>(req->data));
+    if (status == 0) {
+      r->done(static_cast<uint64_t>(req->index));
+    } else {
+      r->done(r->impl->Error(status, "barrier"));
+    }
+  }
+
+  struct ChangeRequest {
+    struct raft_change req {};
+    Impl* impl = nullptr;
+    Done done;
+    const char* what = "";
+  };
+
+  static void OnChanged(struct raft_change* req, int status) {
+    std::unique_ptr<ChangeRequest> r(static_cast<ChangeRequest*>(req->data));
+    r->done(status == 0 ? Status::Ok() : r->impl->Error(status, r->what));
+  }
+
+  template <typename Submit>
+  void Change(const char* what, Done done, Submit submit) {
+    auto* r = new ChangeRequest();
+    r->impl = this;
+    r->done = std::move(done);
+    r->what = what;
+    r->req.data = r;
+    int rv = submit(&r->req);
+    if (rv != 0) {
+      Done failed = std::move(r->done);
+      delete r;
+      failed(Error(rv, what));
+    }
+  }
+
+  struct TransferRequest {
+    struct raft_transfer req {};
+    Impl* impl = nullptr;
+    Done done;
+    ServerId target = 0;
+  };
+
+  static void OnTransferred(struct raft_transfer* req) {
+    std::unique_ptr<TransferRequest> r(static_cast<TransferRequest*>(req->data));
+    raft_id leader = 0;
+    const char* address = nullptr;
+    raft_leader(&r->impl->raft, &leader, &address);
+    // The callback also fires when the election timeout passes without the target winning.
+    if (leader == r->target) {
+      r->done(Status::Ok());
+    } else {
+      r->done(
+          Unavailable("leadership transfer to " + std::to_string(r->target) + " did not complete"));
+    }
+  }
+
+  // --- shutdown ---
+
+  static void OnRaftClosed(struct raft* raft) {
+    auto* self = static_cast<Impl*>(raft->data);
+    raft_uv_close(&self->io);
+    raft_uv_tcp_close(&self->transport);
+    uv_close(reinterpret_cast<uv_handle_t*>(&self->wake), nullptr);
+  }
+
+  void BeginClose() {
+    raft_closing = true;
+    for (auto& [command, done] : waiting) done(Unavailable("propose: node is shutting down"));
+    waiting.clear();
+    raft_close(&raft, OnRaftClosed);
+  }
+};
+
+RaftNode::RaftNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RaftNode::~RaftNode() { Close(); }
+
+Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options,
+                                                  StateMachine* machine) {
+  if (options.id == 0) return InvalidArgument("raft server id must be positive");
+  if (options.address.empty()) return InvalidArgument("raft address is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec)
+    return Unavailable("cannot create raft directory " + options.data_dir + ": " + ec.message());
+
+  // A peer that closes its connection must not kill this process through a write.
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] { signal(SIGPIPE, SIG_IGN); });
+
+  auto impl = std::make_unique<Impl>();
+  Impl* p = impl.get();
+  p->options = options;
+  p->machine = machine;
+  if (uv_loop_init(&p->loop) != 0) return Internal("uv_loop_init failed");
+  p->wake.data = p;
+  uv_async_init(&p->loop, &p->wake, Impl::OnWake);
+  BindFsm(&p->fsm, machine);
+
+  auto abandon = [p](Status status) -> Status {
+    // Close whatever was opened and let the loop run the close callbacks to completion.
+    uv_close(reinterpret_cast<uv_handle_t*>(&p->wake), nullptr);
+    uv_run(&p->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&p->loop);
+    return status;
+  };
+
+  int rv = raft_uv_tcp_init(&p->transport, &p->loop);
+  if (rv != 0) return abandon(Internal(std::string("raft transport: ") + raft_strerror(rv)));
+  rv = raft_uv_init(&p->io, &p->loop, options.data_dir.c_str(), &p->transport);
+  if (rv != 0) {
+    std::string msg = std::string("raft storage in ") + options.data_dir + ": " + p->io.errmsg;
+    raft_uv_tcp_close(&p->transport);
+    return abandon(Unavailable(msg));
+  }
+  rv = raft_init(&p->raft, &p->io, &p->fsm, options.id, options.address.c_str());
+  if (rv != 0) {
+    std::string msg = std::string("raft init: ") + raft_strerror(rv);
+    raft_uv_close(&p->io);
+    raft_uv_tcp_close(&p->transport);
+    return abandon(Internal(msg));
+  }
+  p->raft.data = p;
+  raft_set_election_timeout(&p->raft, options.election_timeout_ms);
+  raft_set_heartbeat_timeout(&p->raft, options.heartbeat_timeout_ms);
+  raft_set_snapshot_threshold(&p->raft, options.snapshot_threshold);
+  raft_set_snapshot_trailing(&p->raft, options.snapshot_trailing);
+  raft_set_pre_vote(&p->raft, true);
+
+  auto close_raft = [p](Status status) -> Status {
+    p->BeginClose();
+    uv_run(&p->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&p->loop);
+    return status;
+  };
+
+  if (!options.bootstrap.empty()) {
+    struct raft_configuration conf;
+    raft_configuration_init(&conf);
+    for (const Member& m : options.bootstrap) {
+      rv = raft_configuration_add(&conf, m.id, m.address.c_str(), RaftRole(m.role));
+      if (rv != 0) {
+        raft_configuration_close(&conf);
+        return close_raft(InvalidArgument("bad bootstrap member " + std::to_string(m.id) + ": " +
+                                          raft_strerror(rv)));
+      }
+    }
+    rv = raft_bootstrap(&p->raft, &conf);
+    raft_configuration_close(&conf);
+    // A data directory that already holds state restarts from it instead.
+    if (rv != 0 && rv != RAFT_CANTBOOTSTRAP) {
+      return close_raft(Unavailable(std::string("raft bootstrap: ") + raft_errmsg(&p->raft)));
+    }
+  }
+  rv = raft_start(&p->raft);
+  if (rv != 0) {
+    return close_raft(
+        Unavailable("raft start on " + options.address + ": " + raft_errmsg(&p->raft)));
+  }
+
+  std::promise<void> running;
+  auto started = running.get_future();
+  p->thread = std::thread([p, &running] {
+    p->loop_thread_id = std::this_thread::get_id();
+    running.set_value();
+    uv_run(&p->loop, UV_RUN_DEFAULT);
+  });
+  started.wait();
+  return std::unique_ptr<RaftNode>(new RaftNode(std::move(impl)));
+}
+
+void RaftNode::Close() {
+  if (!impl_ || !impl_->thread.joinable()) return;
+  assert(std::this_thread::get_id() != impl_->loop_thread_id && "Close() from a callback");
+  Impl* p = impl_.get();
+  p->Post([p] { p->BeginClose(); });
+  {
+    std::lock_guard lock(p->mu);
+    p->closed = true;
+  }
+  p->thread.join();
+  // Work posted while the close was under way never ran: run it now so every callback fires
+  // (raft_closing makes each one fail fast).
+  Impl::OnWake(&p->wake);
+  uv_loop_close(&p->loop);
+}
+
+ServerId RaftNode::id() const { return impl_->options.id; }
+
+void RaftNode::Propose(std::string command, Committed done) {
+  Impl* p = impl_.get();
+  p->Submit("propose", std::move(done), [p, command = std::move(command)](Committed d) mutable {
+    p->waiting.emplace_back(std::move(command), std::move(d));
+    p->SubmitWaiting();
+  });
+}
+
+void RaftNode::Barrier(Committed done) {
+  Impl* p = impl_.get();
+  p->Submit("barrier", std::move(done), [p](Committed d) {
+    auto* r = new Impl::BarrierRequest();
+    r->impl = p;
+    r->done = std::move(d);
+    r->req.data = r;
+    int rv = raft_barrier(&p->raft, &r->req, Impl::OnBarrier);
+    if (rv != 0) {
+      Committed failed = std::move(r->done);
+      delete r;
+      failed(p->Error(rv, "barrier"));
+    }
+  });
+}
+
+void RaftNode::AddSpare(const Member& member, Done done) {
+  Impl* p = impl_.get();
+  p->Submit("add member", std::move(done), [p, member](Done d) {
+    p->Change("add member", std::move(d), [&](struct raft_change* req) {
+      return raft_add(&p->raft, req, member.id, member.address.c_str(), Impl::OnChanged);
+    });
+  });
+}
+
+void RaftNode::Assign(ServerId id, Role role, Done done) {
+  Impl* p = impl_.get();
+  p->Submit("assign role", std::move(done), [p, id, role](Done d) {
+    p->Change("assign role", std::move(d), [&](struct raft_change* req) {
+      return raft_assign(&p->raft, req, id, RaftRole(role), Impl::OnChanged);
+    });
+  });
+}
+
+void RaftNode::Remove(ServerId id, Done done) {
+  Impl* p = impl_.get();
+  p->Submit("remove member", std::move(done), [p, id](Done d) {
+    p->Change("remove member", std::move(d), [&](struct raft_change* req) {
+      return raft_remove(&p->raft, req, id, Impl::OnChanged);
+    });
+  });
+}
+
+void RaftNode::TransferLeadership(ServerId to, Done done) {
+  Impl* p = impl_.get();
+  p->Submit("transfer leadership", std::move(done), [p, to](Done d) {
+    auto* r = new Impl::TransferRequest();
+    r->impl = p;
+    r->done = std::move(d);
+    r->target = to;
+    r->req.data = r;
+    int rv = raft_transfer(&p->raft, &r->req, to, Impl::OnTransferred);
+    if (rv != 0) {
+      Done failed = std::move(r->done);
+      delete r;
+      failed(p->Error(rv, "transfer leadership"));
+    }
+  });
+}
+
+Member RaftNode::Leader() {
+  Impl* p = impl_.get();
+  return p->Call<Member>(
+      [p] {
+        raft_id id = 0;
+        const char* address = nullptr;
+        raft_leader(&p->raft, &id, &address);
+        return Member{id, address ? address : "", Role::kVoter};
+      },
+      Member{});
+}
+
+uint64_t RaftNode::LastApplied() {
+  Impl* p = impl_.get();
+  return p->Call<uint64_t>([p] { return static_cast<uint64_t>(raft_last_applied(&p->raft)); }, 0);
+}
+
+}  // namespace nbos::replication

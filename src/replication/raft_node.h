@@ -1,0 +1,62 @@
+// A member of a replicated log running canonical C-Raft with its libuv backend: on-disk log and
+// snapshots in `data_dir`, TCP transport between members. One thread per node runs the libuv
+// loop; every public method is thread-safe and every callback runs on that thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "replication/replicated_log.h"
+
+namespace nbos::replication {
+
+struct RaftNodeOptions {
+  ServerId id = 0;
+  std::string address;   // "IPv4:port" this member listens on
+  std::string data_dir;  // created if missing
+  // Initial voters, written only into a pristine data_dir. A member that joins an existing group
+  // (added with AddSpare) starts with this empty.
+  std::vector<Member> bootstrap;
+  // C-Raft's defaults (1000/100 ms) make failover slow; these keep it under a second while leaving
+  // a loaded 2-core machine enough slack not to flap. Pre-vote stops a partitioned member from
+  // disrupting the group when it returns.
+  unsigned election_timeout_ms = 300;
+  unsigned heartbeat_timeout_ms = 50;
+  unsigned snapshot_threshold = 1024;  // entries between snapshots
+  unsigned snapshot_trailing = 128;    // entries kept after a snapshot
+  // Proposals are submitted in batches, one batch at a time: at most this many entries each.
+  size_t max_batch = 64;
+};
+
+class RaftNode final : public ReplicatedLog {
+ public:
+  // `machine` must outlive the node. The first Start sets SIGPIPE to be ignored in the process
+  // (a peer closing its socket must not kill us). Errors: kInvalidArgument for bad options,
+  // kUnavailable when the data directory or the address cannot be used.
+  static Result<std::unique_ptr<RaftNode>> Start(const RaftNodeOptions& options,
+                                                 StateMachine* machine);
+  ~RaftNode() override;  // Close()
+
+  // Stops the member: pending callbacks run with errors, the loop thread exits. Idempotent.
+  // A leader should TransferLeadership first: closing does not hand leadership over.
+  void Close();
+
+  ServerId id() const override;
+  void Propose(std::string command, Committed done) override;
+  void Barrier(Committed done) override;
+  void AddSpare(const Member& member, Done done) override;
+  void Assign(ServerId id, Role role, Done done) override;
+  void Remove(ServerId id, Done done) override;
+  void TransferLeadership(ServerId to, Done done) override;
+  Member Leader() override;
+  // Index of the last command applied on this member. Thread-safe.
+  uint64_t LastApplied();
+
+ private:
+  struct Impl;
+  explicit RaftNode(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nbos::replication
