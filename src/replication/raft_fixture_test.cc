@@ -11,92 +11,50 @@ extern "C" {
 
 #include <gtest/gtest.h>
 
+#include "replication/fixture_cluster.h"
 #include "replication/raft_fsm.h"
 #include "replication/test_machine.h"
 
 namespace nbos::replication {
 namespace {
 
-constexpr raft_time kTimeout = 20000;  // virtual ms
+constexpr raft_time kTimeout = FixtureCluster::kTimeout;
 
 // C-Raft calls request callbacks unconditionally.
 void IgnoreChange(struct raft_change*, int) {}
 void MarkChanged(struct raft_change* req, int status) {
   *static_cast<int*>(req->data) = status == 0 ? 1 : -1;
 }
-void IgnoreApply(struct raft_apply*, int, void*) {}
 
-class Cluster {
+// Owns the machines; a base so that it is constructed before FixtureCluster uses them.
+struct ListMachines {
+  std::vector<std::unique_ptr<ListMachine>> machines_;
+};
+
+// A fixture group of ListMachines.
+class Cluster : private ListMachines, public FixtureCluster {
  public:
-  explicit Cluster(unsigned voters, unsigned total) {
-    raft_fixture_initialize(&f_);
-    for (unsigned i = 0; i < total; ++i) Grow();
-    struct raft_configuration conf;
-    raft_fixture_configuration(&f_, voters, &conf);
-    // Only the initial voters (and any initial standbys) are bootstrapped.
-    EXPECT_EQ(raft_fixture_bootstrap(&f_, &conf), 0);
-    raft_configuration_close(&conf);
-    EXPECT_EQ(raft_fixture_start(&f_), 0);
-  }
-  ~Cluster() { raft_fixture_close(&f_); }
+  Cluster(unsigned voters, unsigned total) : FixtureCluster(voters, Make(total, &machines_)) {}
 
   unsigned Grow() {
     machines_.push_back(std::make_unique<ListMachine>());
-    fsms_.push_back(std::make_unique<struct raft_fsm>());
-    BindFsm(fsms_.back().get(), machines_.back().get());
-    EXPECT_EQ(raft_fixture_grow(&f_, fsms_.back().get()), 0);
-    unsigned i = raft_fixture_n(&f_) - 1;
-    raft_set_snapshot_threshold(raft(i), 8);
-    raft_set_snapshot_trailing(raft(i), 2);
-    raft_set_pre_vote(raft(i), true);  // as RaftNode runs it
-    return i;
-  }
-
-  struct raft* raft(unsigned i) {
-    return raft_fixture_get(&f_, i);
+    return Join(machines_.back().get());
   }
   ListMachine& machine(unsigned i) { return *machines_[i]; }
-  struct raft_fixture* f() {
-    return &f_;
-  }
-
-  unsigned Leader() {
-    EXPECT_TRUE(raft_fixture_step_until_has_leader(&f_, kTimeout));
-    return raft_fixture_leader_index(&f_);
-  }
-
-  // Proposes on server i; returns raft_apply's code (the request stays alive in `requests_`).
-  int Propose(unsigned i, const std::string& command) {
-    struct raft_buffer buf;
-    EXPECT_TRUE(EncodeEntry(command, &buf));
-    requests_.push_back(std::make_unique<struct raft_apply>());
-    int rv = raft_apply(raft(i), requests_.back().get(), &buf, 1, IgnoreApply);
-    if (rv != 0) raft_free(buf.base);
-    return rv;
-  }
-
-  // The fixture only reports a leader that every live server acknowledges, which never happens
-  // while a live server is partitioned away; this waits for one of `candidates` to lead.
-  unsigned StepUntilOneLeads(const std::vector<unsigned>& candidates) {
-    for (raft_time start = raft_fixture_time(&f_); raft_fixture_time(&f_) - start < kTimeout;) {
-      for (unsigned i : candidates) {
-        if (raft_state(raft(i)) == RAFT_LEADER) return i;
-      }
-      raft_fixture_step(&f_);
-    }
-    ADD_FAILURE() << "no leader among the candidates";
-    return candidates.front();
-  }
-
   void StepUntilApplied(unsigned i, raft_index index) {
-    ASSERT_TRUE(raft_fixture_step_until_applied(&f_, i, index, kTimeout));
+    ASSERT_TRUE(FixtureCluster::StepUntilApplied(i, index));
   }
 
  private:
-  struct raft_fixture f_ {};  // value-initialised: raft_fixture_initialize does not zero it
-  std::vector<std::unique_ptr<ListMachine>> machines_;
-  std::vector<std::unique_ptr<struct raft_fsm>> fsms_;
-  std::vector<std::unique_ptr<struct raft_apply>> requests_;
+  static std::vector<StateMachine*> Make(unsigned n,
+                                         std::vector<std::unique_ptr<ListMachine>>* out) {
+    std::vector<StateMachine*> raw;
+    for (unsigned i = 0; i < n; ++i) {
+      out->push_back(std::make_unique<ListMachine>());
+      raw.push_back(out->back().get());
+    }
+    return raw;
+  }
 };
 
 void ExpectSameState(Cluster& c, const std::vector<unsigned>& servers) {

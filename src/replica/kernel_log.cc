@@ -1,0 +1,212 @@
+#include "replica/kernel_log.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace nbos::replica {
+
+namespace {
+
+using jupyter::Json;
+
+constexpr uint8_t kFormatVersion = 1;
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>(v >> shift));
+}
+
+bool GetU32(std::string_view* in, uint32_t* v) {
+  if (in->size() < 4) return false;
+  *v = 0;
+  for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<uint8_t>((*in)[i]);
+  in->remove_prefix(4);
+  return true;
+}
+
+bool ValidType(uint8_t t) { return t >= 1 && t <= 6; }
+
+bool Contains(const std::vector<ReplicaId>& v, ReplicaId r) {
+  return std::find(v.begin(), v.end(), r) != v.end();
+}
+
+}  // namespace
+
+// Layout: version byte, type byte, u32 header length, header JSON (exec_id, replica, meta),
+// payload bytes to the end. The payload stays raw: deltas can be megabytes of pickle.
+std::string EncodeKernelEntry(const KernelEntry& entry) {
+  std::string header =
+      Json{{"exec_id", entry.exec_id}, {"replica", entry.replica}, {"meta", entry.meta}}.dump();
+  std::string out;
+  out.reserve(2 + 4 + header.size() + entry.payload.size());
+  out.push_back(static_cast<char>(kFormatVersion));
+  out.push_back(static_cast<char>(entry.type));
+  PutU32(&out, static_cast<uint32_t>(header.size()));
+  out += header;
+  out += entry.payload;
+  return out;
+}
+
+Result<KernelEntry> DecodeKernelEntry(std::string_view bytes) {
+  if (bytes.size() < 2) return InvalidArgument("kernel log entry too short");
+  if (static_cast<uint8_t>(bytes[0]) != kFormatVersion) {
+    return InvalidArgument("kernel log entry of unknown format version " +
+                           std::to_string(static_cast<uint8_t>(bytes[0])));
+  }
+  uint8_t type = static_cast<uint8_t>(bytes[1]);
+  if (!ValidType(type)) return InvalidArgument("kernel log entry of unknown type");
+  bytes.remove_prefix(2);
+  uint32_t header_len = 0;
+  if (!GetU32(&bytes, &header_len) || header_len > bytes.size()) {
+    return InvalidArgument("kernel log entry header truncated");
+  }
+  Json header = Json::parse(bytes.substr(0, header_len), nullptr, false);
+  if (!header.is_object() || !header.contains("exec_id") || !header["exec_id"].is_string() ||
+      !header.contains("replica") || !header["replica"].is_number_unsigned()) {
+    return InvalidArgument("kernel log entry header is malformed");
+  }
+  KernelEntry entry;
+  entry.type = static_cast<KernelEntry::Type>(type);
+  entry.exec_id = header["exec_id"].get<std::string>();
+  entry.replica = header["replica"].get<ReplicaId>();
+  if (auto meta = header.find("meta"); meta != header.end() && meta->is_object()) {
+    entry.meta = *meta;
+  }
+  entry.payload = std::string(bytes.substr(header_len));
+  return entry;
+}
+
+KernelStateMachine::KernelStateMachine(size_t replicas, Listener* listener)
+    : replicas_(replicas), listener_(listener) {}
+
+Election& KernelStateMachine::ElectionSlot(const std::string& exec_id) {
+  auto [it, inserted] = elections_.try_emplace(exec_id);
+  if (inserted) {
+    election_order_.push_back(exec_id);
+    if (election_order_.size() > kElectionsKept) {
+      elections_.erase(election_order_.front());
+      election_order_.pop_front();
+    }
+  }
+  return elections_[exec_id];
+}
+
+void KernelStateMachine::Apply(std::string_view command) {
+  auto decoded = DecodeKernelEntry(command);
+  if (!decoded.ok()) {
+    // Every replica sees the same bytes, so every replica skips the same entry.
+    ++malformed_entries_;
+    return;
+  }
+  KernelEntry& e = *decoded;
+  switch (e.type) {
+    case KernelEntry::Type::kLead:
+    case KernelEntry::Type::kYield: {
+      Election& election = ElectionSlot(e.exec_id);
+      if (election.winner || election.failed) return;  // decided: late proposals change nothing
+      auto& list = e.type == KernelEntry::Type::kLead ? election.leads : election.yields;
+      if (Contains(election.leads, e.replica) || Contains(election.yields, e.replica)) return;
+      list.push_back(e.replica);
+      if (e.type == KernelEntry::Type::kLead) {
+        election.winner = e.replica;
+        if (listener_) listener_->OnElected(e.exec_id, e.replica);
+      } else if (election.yields.size() >= replicas_) {
+        election.failed = true;
+        if (listener_) listener_->OnAllYielded(e.exec_id);
+      }
+      return;
+    }
+    case KernelEntry::Type::kDelta:
+      journal_.push_back({e.type, e.exec_id, e.payload});
+      if (listener_) listener_->OnDelta(e.exec_id, e.replica, journal_.back().payload);
+      return;
+    case KernelEntry::Type::kSideEffect:
+      journal_.push_back({e.type, e.exec_id, e.payload});
+      if (listener_) listener_->OnSideEffect(e.exec_id, journal_.back().payload);
+      return;
+    case KernelEntry::Type::kDone:
+      ++executions_done_;
+      if (listener_) listener_->OnDone(e.exec_id, e.replica, e.meta);
+      return;
+    case KernelEntry::Type::kCheckpoint:
+      // Replicas already hold this state; it only shortens what catch-up must replay.
+      checkpoint_ = std::move(e.payload);
+      journal_.clear();
+      return;
+  }
+}
+
+std::string KernelStateMachine::Snapshot() {
+  // Checkpoint and journal are binary: they travel as payloads of entries in a length-prefixed
+  // sequence, with the small election table in the first entry's meta.
+  Json elections = Json::array();
+  for (const auto& id : election_order_) {
+    const Election& el = elections_.at(id);
+    elections.push_back(Json{{"id", id},
+                             {"winner", el.winner ? Json(*el.winner) : Json()},
+                             {"failed", el.failed},
+                             {"leads", el.leads},
+                             {"yields", el.yields}});
+  }
+  std::vector<KernelEntry> parts;
+  parts.push_back({KernelEntry::Type::kCheckpoint, "", 0,
+                   Json{{"elections", std::move(elections)},
+                        {"executions_done", executions_done_},
+                        {"malformed_entries", malformed_entries_}},
+                   checkpoint_});
+  for (const auto& r : journal_) parts.push_back({r.type, r.exec_id, 0, Json::object(), r.payload});
+  std::string out;
+  for (const auto& p : parts) {
+    std::string encoded = EncodeKernelEntry(p);
+    PutU32(&out, static_cast<uint32_t>(encoded.size()));
+    out += encoded;
+  }
+  return out;
+}
+
+Status KernelStateMachine::Restore(std::string_view snapshot) {
+  std::vector<KernelEntry> parts;
+  while (!snapshot.empty()) {
+    uint32_t len = 0;
+    if (!GetU32(&snapshot, &len) || len > snapshot.size()) {
+      return InvalidArgument("kernel snapshot truncated");
+    }
+    auto entry = DecodeKernelEntry(snapshot.substr(0, len));
+    if (!entry.ok()) return entry.status();
+    parts.push_back(std::move(*entry));
+    snapshot.remove_prefix(len);
+  }
+  if (parts.empty() || parts[0].type != KernelEntry::Type::kCheckpoint) {
+    return InvalidArgument("kernel snapshot lacks its checkpoint");
+  }
+  std::map<std::string, Election> elections;
+  std::deque<std::string> order;
+  for (const auto& el : parts[0].meta.value("elections", Json::array())) {
+    Election e;
+    if (!el.value("winner", Json()).is_null()) e.winner = el["winner"].get<ReplicaId>();
+    e.failed = el.value("failed", false);
+    e.leads = el.value("leads", std::vector<ReplicaId>{});
+    e.yields = el.value("yields", std::vector<ReplicaId>{});
+    std::string id = el.value("id", "");
+    order.push_back(id);
+    elections[id] = std::move(e);
+  }
+  elections_ = std::move(elections);
+  election_order_ = std::move(order);
+  executions_done_ = parts[0].meta.value("executions_done", uint64_t{0});
+  malformed_entries_ = parts[0].meta.value("malformed_entries", uint64_t{0});
+  checkpoint_ = std::move(parts[0].payload);
+  journal_.clear();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    journal_.push_back({parts[i].type, parts[i].exec_id, std::move(parts[i].payload)});
+  }
+  if (listener_) listener_->OnRestored(checkpoint_, journal_);
+  return Status::Ok();
+}
+
+std::optional<Election> KernelStateMachine::ElectionFor(const std::string& exec_id) const {
+  auto it = elections_.find(exec_id);
+  if (it == elections_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace nbos::replica
