@@ -54,4 +54,8 @@ class FixtureCluster {
   std::vector<std::unique_ptr<struct raft_apply>> requests_;
 };
 
+// A loopback TCP port nobody listens on now, with port + 1 free too (members serve forwarded
+// proposals there). C-Raft addresses have no port 0, so tests that run members ask for these.
+int FreeLoopbackPortPair();
+
 }  // namespace nbos::replication

@@ -1,10 +1,7 @@
 // RaftNode with its real libuv backend: three members on loopback TCP, on-disk logs.
 #include "replication/raft_node.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "replication/fixture_cluster.h"
 #include "replication/test_machine.h"
 
 namespace nbos::replication {
@@ -19,18 +17,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// C-Raft addresses are fixed "IPv4:port" strings (no port 0), so tests ask the OS for free ports.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+int FreePort() { return FreeLoopbackPortPair(); }
 
 template <typename Pred>
 bool WaitFor(Pred pred, std::chrono::milliseconds timeout = 10s) {
