@@ -1,8 +1,8 @@
-# Writes INPUT into OUTPUT as a C++ raw string constant named kNbosEngineSource.
+# Writes INPUT into OUTPUT as a C++ raw string constant named VAR.
 file(READ ${INPUT} content)
 get_filename_component(name ${INPUT} NAME)
 file(WRITE ${OUTPUT}.tmp
   "// Generated from ${name}; do not edit.\n#pragma once\n\n"
-  "inline constexpr char kNbosEngineSource[] = R\"nbos_py(${content})nbos_py\";\n")
+  "inline constexpr char ${VAR}[] = R\"nbos_py(${content})nbos_py\";\n")
 file(COPY_FILE ${OUTPUT}.tmp ${OUTPUT} ONLY_IF_DIFFERENT)
 file(REMOVE ${OUTPUT}.tmp)

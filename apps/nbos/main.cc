@@ -1,13 +1,17 @@
 // nbos: one binary, one subcommand per role (DESIGN.md §2).
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
 #include "jupyter/connection_file.h"
 #include "jupyter/kernelspec.h"
 #include "replica/kernel_server.h"
+#include "replica/replica_gate.h"
 
 namespace {
 
@@ -32,6 +36,30 @@ int main(int argc, char** argv) {
   kernel->add_option("-f,--connection-file", connection_file, "Jupyter connection file")
       ->required();
   kernel->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->capture_default_str();
+
+  auto* replica = app.add_subcommand(
+      "replica", "Run one replica of a distributed kernel (started by a daemon or a test driver)");
+  nbos::replica::ReplicaOptions replica_options;
+  std::vector<std::string> peer_specs;
+  replica
+      ->add_option("-f,--connection-file", connection_file,
+                   "Jupyter connection file this replica binds")
+      ->required();
+  replica->add_option("--id", replica_options.replica_id, "Replica id (positive)")->required();
+  replica
+      ->add_option("--raft", replica_options.raft_address,
+                   "IPv4:port of this replica's Raft endpoint (port + 1 serves proposals)")
+      ->required();
+  replica->add_option("--peer", peer_specs,
+                      "ID=IPv4:port of each initial member, this one included; none to join an "
+                      "existing group");
+  replica->add_option("--data-dir", replica_options.data_dir, "Raft log directory")->required();
+  replica
+      ->add_option("--blob-store", replica_options.blob_store_url,
+                   "dir:///path or redis://host:port/db")
+      ->required();
+  replica->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 
   auto* kernelspec = app.add_subcommand("kernelspec", "Manage the nbos Jupyter kernelspec");
@@ -59,6 +87,40 @@ int main(int argc, char** argv) {
     options.connection_file = std::filesystem::absolute(connection_file).string();
     options.version = kVersion;
     options.log_level = log_level;
+    nbos::replica::RunKernel(options);
+  }
+  if (*replica) {
+    auto info = nbos::jupyter::ReadConnectionFile(connection_file);
+    if (!info.ok()) {
+      std::cerr << "nbos replica: " << info.status().message() << "\n";
+      return 2;
+    }
+    for (const std::string& spec : peer_specs) {
+      size_t eq = spec.find('=');
+      uint64_t id = 0;
+      if (eq != std::string::npos) id = std::strtoull(spec.substr(0, eq).c_str(), nullptr, 10);
+      if (id == 0 || eq + 1 >= spec.size()) {
+        std::cerr << "nbos replica: --peer wants ID=IPv4:port, got '" << spec << "'\n";
+        return 2;
+      }
+      replica_options.peers.push_back({id, spec.substr(eq + 1)});
+    }
+    // The gate's threads must not take SIGINT (it interrupts the cell on the main thread).
+    sigset_t sigint;
+    sigemptyset(&sigint);
+    sigaddset(&sigint, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigint, nullptr);
+    auto gate = nbos::replica::ReplicaGate::Start(replica_options);
+    if (!gate.ok()) {
+      std::cerr << "nbos replica: " << gate.status().ToString() << "\n";
+      return 1;
+    }
+    nbos::replica::KernelOptions options;
+    options.connection = *info;
+    options.connection_file = std::filesystem::absolute(connection_file).string();
+    options.version = kVersion;
+    options.log_level = log_level;
+    options.gate = gate->get();
     nbos::replica::RunKernel(options);
   }
   if (*install) {

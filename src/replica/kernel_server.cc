@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "jupyter/message.h"
 #include "jupyter/wire.h"
+#include "replica/execution_gate.h"
 #include "replica/fd_capture.h"
 #include "replica/python_engine.h"
 #include "replica/stream_buffer.h"
@@ -35,6 +36,15 @@ using jupyter::Message;
 constexpr size_t kEagerFlushBytes = 1u << 20;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// Reply content for a failure that is not an exception in user code.
+std::string ErrorContent(const std::string& ename, const std::string& evalue) {
+  return Dump(Json{{"status", "error"},
+                   {"ename", ename},
+                   {"evalue", evalue},
+                   {"traceback", Json::array({ename + ": " + evalue})},
+                   {"execution_count", 0}});
+}
 
 std::string UserName() {
   const char* user = std::getenv("USER");
@@ -90,6 +100,8 @@ class KernelServer final : public EngineHost {
   void HandleShell(Message request);
   void HandleControl(Message request);
   void AbortQueuedExecutions();
+  std::string RunInEngine(const Message& request, bool is_execute);
+  std::string ExecuteReplicated(const Message& request, Json* metadata);
   void Interrupt(bool whole_group);
   void RequestStop();
 
@@ -196,6 +208,7 @@ int KernelServer::Run() {
     exit_code = 1;
   } else {
     engine_ = std::move(*engine);
+    if (options_.gate != nullptr) options_.gate->Attach(engine_.get());
     {
       std::lock_guard lock(info_mu_);
       kernel_info_ = engine_->kernel_info_json();
@@ -342,8 +355,10 @@ void KernelServer::ServeShell() {
     int ready;
     {
       PythonEngine::Unlocked nogil;
-      ready = zmq_poll(items, 2, -1);
+      // A replica also applies what its log delivers between requests.
+      ready = zmq_poll(items, 2, options_.gate != nullptr ? 50 : -1);
     }
+    if (options_.gate != nullptr) options_.gate->Pump();
     if (ready < 0) {
       if (zmq_errno() == EINTR) continue;
       spdlog::error("shell poll failed: {}", zmq_strerror(zmq_errno()));
@@ -386,34 +401,18 @@ void KernelServer::HandleShell(Message request) {
   } else if (PythonEngine::Handles(type)) {
     const bool is_execute = type == "execute_request";
     const std::string started = NowIsoUtc();
-    executing_ = is_execute;
-    auto reply = engine_->Handle(request);
-    executing_ = false;
-    capture_->Drain();
-    FlushStreams();
-    std::string content;
-    if (reply.ok()) {
-      content = reply->value_or("");
-    } else {
-      // Python raised outside user code, e.g. an interrupt that arrived just as a cell ended.
-      const std::string& text = reply.status().message();
-      std::string ename = text.substr(0, text.find(':'));
-      spdlog::warn("{} failed outside user code: {}", type, text);
-      content = Dump(Json{{"status", "error"},
-                          {"ename", ename},
-                          {"evalue", text},
-                          {"traceback", Json::array({text})},
-                          {"execution_count", 0}});
-    }
+    Json metadata = Json::object();
+    std::string content = is_execute && options_.gate != nullptr
+                              ? ExecuteReplicated(request, &metadata)
+                              : RunInEngine(request, is_execute);
     if (!content.empty()) {
-      Json metadata = Json::object();
       if (is_execute) {
         Json parsed = Json::parse(content, nullptr, false);
         std::string status = parsed.is_object() ? parsed.value("status", "error") : "error";
-        metadata = Json{{"started", started},
-                        {"dependencies_met", true},
-                        {"engine", factory_.session()},
-                        {"status", status}};
+        metadata.update(Json{{"started", started},
+                             {"dependencies_met", true},
+                             {"engine", factory_.session()},
+                             {"status", status}});
         abort_queue = status == "error" && request.content.value("stop_on_error", true);
       }
       SendReply(shell_, request, std::move(content), std::move(metadata));
@@ -427,6 +426,48 @@ void KernelServer::HandleShell(Message request) {
   FlushStreams();
   PublishStatus("idle", request.header);
   if (abort_queue) AbortQueuedExecutions();
+}
+
+std::string KernelServer::RunInEngine(const Message& request, bool is_execute) {
+  executing_ = is_execute;
+  auto reply = engine_->Handle(request);
+  executing_ = false;
+  capture_->Drain();
+  FlushStreams();
+  if (reply.ok()) return reply->value_or("");
+  // Python raised outside user code, e.g. an interrupt that arrived just as a cell ended.
+  const std::string& text = reply.status().message();
+  spdlog::warn("{} failed outside user code: {}", request.msg_type(), text);
+  return ErrorContent(text.substr(0, text.find(':')), text);
+}
+
+std::string KernelServer::ExecuteReplicated(const Message& request, Json* metadata) {
+  ExecutionGate* gate = options_.gate;
+  auto decision = gate->Elect(request);
+  if (!decision.ok()) return ErrorContent("ReplicationError", decision.status().message());
+  *metadata = gate->ReplyMetadata(*decision);
+  switch (decision->role) {
+    case ExecutionGate::Role::kNobody:
+      return ErrorContent("NoReplicaCanExecute", "every replica of this kernel yielded execution " +
+                                                     decision->exec_id +
+                                                     ": none can run the cell now");
+    case ExecutionGate::Role::kStandby: {
+      // Another replica runs the cell; this one emits no output and answers once the
+      // executor's effects are applied here.
+      auto reply = gate->Follow(*decision);
+      return reply.ok() ? *reply : ErrorContent("ExecutorLost", reply.status().message());
+    }
+    case ExecutionGate::Role::kExecute: {
+      std::string content = RunInEngine(request, true);
+      // A reply means the cell's effects are replicated (DESIGN.md §3, step 5).
+      if (Status s = gate->Commit(*decision, request, content); !s.ok()) {
+        return ErrorContent("ReplicationError",
+                            "the cell ran but its effects could not be replicated: " + s.message());
+      }
+      return content;
+    }
+  }
+  return ErrorContent("ReplicationError", "unknown election outcome");
 }
 
 void KernelServer::AbortQueuedExecutions() {
@@ -509,6 +550,10 @@ void KernelServer::HandleControl(Message request) {
     if (!info.empty()) SendReply(socket, request, std::move(info));
   } else if (type == "interrupt_request") {
     Interrupt(/*whole_group=*/true);
+    SendReply(socket, request, R"({"status":"ok"})");
+  } else if (type == "nbos_cancel_request" && options_.gate != nullptr) {
+    // The executor of this execution is gone: stop waiting for it.
+    options_.gate->Cancel(request.content.value("exec_id", ""));
     SendReply(socket, request, R"({"status":"ok"})");
   } else if (type == "shutdown_request") {
     bool restart = request.content.value("restart", false);

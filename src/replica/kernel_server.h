@@ -7,6 +7,7 @@
 #include <string>
 
 #include "jupyter/connection_file.h"
+#include "replica/execution_gate.h"
 
 namespace nbos::replica {
 
@@ -17,6 +18,8 @@ struct KernelOptions {
   std::string log_level = "warn";
   int stream_flush_interval_ms = 200;
   size_t max_message_bytes = 512u << 20;
+  // Set for `nbos replica`: elections and state replication around every execution.
+  ExecutionGate* gate = nullptr;
 };
 
 // Serves until a shutdown_request (or the parent named by JPY_PARENT_PID exits), then ends the

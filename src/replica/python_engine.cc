@@ -6,6 +6,8 @@
 #include <cassert>
 
 #include "replica/nbos_engine_source.h"
+#include "replica/nbos_state_source.h"
+#include "store/blob_store.h"
 
 namespace py = pybind11;
 
@@ -18,9 +20,57 @@ EngineHost* g_host = nullptr;
 
 std::string PythonErrorText(py::error_already_set& e) { return e.what(); }
 
+// Defines module `name` from source compiled into the binary, so nbos needs no files beside it.
+py::module_ LoadModule(const char* name, const char* source) {
+  py::module_ module = py::module_::import("types").attr("ModuleType")(name);
+  std::string filename = std::string("<") + name + ">";
+  module.attr("__file__") = filename;
+  py::module_::import("sys").attr("modules")[name] = module;
+  py::module_ builtins = py::module_::import("builtins");
+  py::object code = builtins.attr("compile")(source, filename, "exec");
+  builtins.attr("exec")(code, module.attr("__dict__"));
+  return module;
+}
+
 }  // namespace
 
 PYBIND11_EMBEDDED_MODULE(_nbos, m) {
+  // The blob store, as nbos_state expects it: put(bytes) -> key, get(key) -> bytes, contains.
+  // Store I/O runs without the GIL; failures raise RuntimeError with the store's message.
+  py::class_<store::BlobStore>(m, "BlobStore")
+      .def("put",
+           [](store::BlobStore& s, py::buffer data) {
+             py::buffer_info info = data.request();
+             std::string_view bytes(static_cast<const char*>(info.ptr),
+                                    static_cast<size_t>(info.size * info.itemsize));
+             Result<std::string> key = Status();
+             {
+               py::gil_scoped_release nogil;
+               key = s.Put(bytes);
+             }
+             if (!key.ok()) throw std::runtime_error(key.status().ToString());
+             return *key;
+           })
+      .def("get",
+           [](store::BlobStore& s, const std::string& key) {
+             Result<std::string> blob = Status();
+             {
+               py::gil_scoped_release nogil;
+               blob = s.Get(key);
+             }
+             if (!blob.ok()) throw std::runtime_error(blob.status().ToString());
+             return py::bytes(*blob);
+           })
+      .def("contains", [](store::BlobStore& s, const std::string& key) {
+        Result<bool> has = Status();
+        {
+          py::gil_scoped_release nogil;
+          has = s.Contains(key);
+        }
+        if (!has.ok()) throw std::runtime_error(has.status().ToString());
+        return *has;
+      });
+
   m.def("write_stream", [](const std::string& name, const std::string& text) {
     if (g_host) g_host->WriteStream(name, text);
   });
@@ -64,14 +114,7 @@ Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std:
   auto impl = std::make_unique<Impl>();
   g_host = host;
   try {
-    py::module_ types = py::module_::import("types");
-    py::module_ sys = py::module_::import("sys");
-    py::module_ module = types.attr("ModuleType")("nbos_engine");
-    module.attr("__file__") = "<nbos_engine>";
-    sys.attr("modules")["nbos_engine"] = module;
-    py::module_ builtins = py::module_::import("builtins");
-    py::object code = builtins.attr("compile")(kNbosEngineSource, "<nbos_engine>", "exec");
-    builtins.attr("exec")(code, module.attr("__dict__"));
+    py::module_ module = LoadModule("nbos_engine", kNbosEngineSource);
     impl->engine = module.attr("Engine")(version, connection_file);
     std::unique_ptr<PythonEngine> engine(new PythonEngine(std::move(impl)));
     engine->kernel_info_json_ = engine->impl_->engine.attr("kernel_info")().cast<std::string>();
@@ -84,9 +127,9 @@ Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std:
 
 bool PythonEngine::Handles(std::string_view msg_type) {
   static constexpr std::string_view kTypes[] = {
-      "execute_request",     "complete_request", "inspect_request",
-      "is_complete_request", "history_request",  "comm_info_request",
-      "comm_open",           "comm_msg",         "comm_close"};
+      "execute_request", "complete_request",      "inspect_request", "is_complete_request",
+      "history_request", "comm_info_request",     "comm_open",       "comm_msg",
+      "comm_close",      "nbos_namespace_request"};
   for (auto t : kTypes) {
     if (t == msg_type) return true;
   }
@@ -117,6 +160,61 @@ void PythonEngine::Shutdown() {
   } catch (py::error_already_set&) {
     // Exit hooks failing must not keep the kernel from exiting.
   }
+}
+
+namespace {
+template <typename F>
+Status CallPython(const char* what, F&& f) {
+  try {
+    f();
+    return Status::Ok();
+  } catch (py::error_already_set& e) {
+    return Internal(std::string(what) + ": " + PythonErrorText(e));
+  } catch (const std::exception& e) {
+    return Internal(std::string(what) + ": " + e.what());
+  }
+}
+}  // namespace
+
+Status PythonEngine::EnableReplication(store::BlobStore* store) {
+  return CallPython("enable replication", [&] {
+    LoadModule("nbos_state", kNbosStateSource);
+    impl_->engine.attr("enable_replication")(py::cast(store, py::return_value_policy::reference));
+  });
+}
+
+Result<std::string> PythonEngine::TakeDelta() {
+  std::string delta;
+  Status s = CallPython("take delta",
+                        [&] { delta = impl_->engine.attr("take_delta")().cast<std::string>(); });
+  if (!s.ok()) return s;
+  return delta;
+}
+
+Status PythonEngine::ApplyDelta(const std::string& delta) {
+  return CallPython("apply delta", [&] { impl_->engine.attr("apply_delta")(py::bytes(delta)); });
+}
+
+Status PythonEngine::FinishStandby(const jupyter::Json& done_meta) {
+  return CallPython("finish standby",
+                    [&] { impl_->engine.attr("finish_standby")(done_meta.dump()); });
+}
+
+Result<std::string> PythonEngine::Checkpoint() {
+  std::string data;
+  Status s = CallPython("checkpoint",
+                        [&] { data = impl_->engine.attr("checkpoint")().cast<std::string>(); });
+  if (!s.ok()) return s;
+  return data;
+}
+
+Status PythonEngine::Restore(const std::string& checkpoint,
+                             const std::vector<std::string>& deltas) {
+  return CallPython("restore", [&] {
+    py::list list;
+    for (const auto& d : deltas) list.append(py::bytes(d));
+    impl_->engine.attr("restore")(py::bytes(checkpoint), list);
+  });
 }
 
 bool PythonEngine::RaiseIfSignalled() { return PyErr_CheckSignals() != 0; }

@@ -11,6 +11,10 @@
 #include "common/status.h"
 #include "jupyter/message.h"
 
+namespace nbos::store {
+class BlobStore;
+}
+
 namespace nbos::replica {
 
 // What the engine needs from the process hosting it. Called on the engine's thread with the GIL
@@ -50,6 +54,21 @@ class PythonEngine {
 
   // Saves history and runs IPython's exit hooks.
   void Shutdown();
+
+  // Replication (nbos replica). After EnableReplication, every execute_request records the
+  // namespace delta of its cell (python/nbos_state.py); large buffers go to `store`, which must
+  // outlive the engine.
+  Status EnableReplication(store::BlobStore* store);
+  // The delta of the last executed cell (empty if none); names that could not be replicated were
+  // reported on the cell's stderr.
+  Result<std::string> TakeDelta();
+  // On a standby: applies a delta the executor produced, then brings the execution count and
+  // input history to where the executor's were (`meta` of its kDone entry).
+  Status ApplyDelta(const std::string& delta);
+  Status FinishStandby(const jupyter::Json& done_meta);
+  // Whole-namespace checkpoint, and rebuilding the namespace from one plus later deltas.
+  Result<std::string> Checkpoint();
+  Status Restore(const std::string& checkpoint, const std::vector<std::string>& deltas);
 
   // Runs pending Python signal handlers. Returns true, leaving the Python error set, when one of
   // them raised (e.g. KeyboardInterrupt). Requires the GIL.

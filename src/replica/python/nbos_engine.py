@@ -52,6 +52,77 @@ def publish(msg_type, content, metadata=None, buffers=None):
     _nbos.publish(msg_type, _dumps(content), _dumps(metadata or {}), list(buffers or []))
 
 
+def value_digest(value):
+    """A content digest that is equal for equal values in two processes.
+
+    Tensors, arrays, frames and modules by their data; functions and classes by their code;
+    everything else by its pickle. Used to check that replicas hold the same namespace.
+    """
+    import hashlib
+    import pickle
+    import types
+
+    h = hashlib.sha256()
+
+    def feed(obj, depth=0):
+        h.update(type(obj).__qualname__.encode())
+        mod = sys.modules.get("torch")
+        if mod is not None:
+            if isinstance(obj, mod.Tensor):
+                t = obj.detach().cpu().contiguous()
+                h.update(str((tuple(t.shape), str(t.dtype))).encode())
+                h.update(t.numpy().tobytes() if t.dtype != mod.bfloat16 else t.float().numpy().tobytes())
+                return
+            if isinstance(obj, mod.nn.Module):
+                for k, v in sorted(obj.state_dict().items()):
+                    h.update(k.encode())
+                    feed(v, depth + 1)
+                return
+            if isinstance(obj, mod.optim.Optimizer):
+                feed(obj.state_dict(), depth + 1)
+                return
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(obj, np.ndarray):
+            h.update(str((obj.shape, str(obj.dtype))).encode())
+            h.update(np.ascontiguousarray(obj).tobytes())
+            return
+        pd = sys.modules.get("pandas")
+        if pd is not None and isinstance(obj, (pd.DataFrame, pd.Series)):
+            labels = obj.columns if isinstance(obj, pd.DataFrame) else [obj.name]
+            h.update(repr(list(labels)).encode())
+            h.update(pd.util.hash_pandas_object(obj, index=True).values.tobytes())
+            return
+        if isinstance(obj, dict) and depth < 8:
+            for k in sorted(obj, key=repr):
+                h.update(repr(k).encode())
+                feed(obj[k], depth + 1)
+            return
+        if isinstance(obj, (list, tuple)) and depth < 8:
+            for item in obj:
+                feed(item, depth + 1)
+            return
+        if isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            h.update(code.co_code)
+            h.update(repr(code.co_consts).encode())
+            h.update(repr(code.co_names).encode())
+            return
+        if isinstance(obj, type):
+            h.update(obj.__qualname__.encode())
+            h.update(repr(sorted(k for k in vars(obj) if not k.startswith("__"))).encode())
+            return
+        if isinstance(obj, types.ModuleType):
+            h.update(obj.__name__.encode())
+            return
+        try:
+            h.update(pickle.dumps(obj, protocol=5))
+        except Exception:
+            h.update(repr(obj).encode(errors="replace"))
+
+    feed(value)
+    return h.hexdigest()
+
+
 class OutStream:
     """sys.stdout/sys.stderr: text goes to the C++ stream buffer, which coalesces it."""
 
@@ -418,6 +489,8 @@ class Engine:
         # As IPython's own applications do by default: %store persists across sessions.
         self.shell.extension_manager.load_extension("storemagic")
         self.version = version
+        self.sync = None  # set by enable_replication
+        self._delta = None
         self._handlers = {
             "execute_request": self.execute,
             "complete_request": self.complete,
@@ -428,6 +501,7 @@ class Engine:
             "comm_open": self.comm_open,
             "comm_msg": self.comm_msg,
             "comm_close": self.comm_close,
+            "nbos_namespace_request": self.namespace_digests,
         }
         self.set_interruptible(False)
 
@@ -490,6 +564,7 @@ class Engine:
         builtins.input = _input if allow_stdin else _no_input
         getpass.getpass = _getpass if allow_stdin else _no_getpass
         shell._last_error = None
+        sync_token = self._begin_sync(code)
         self.set_interruptible(True)
         try:
             result = shell.run_cell(code, store_history=store_history, silent=silent,
@@ -497,6 +572,7 @@ class Engine:
         finally:
             self.set_interruptible(False)
             builtins.input, getpass.getpass = saved_input, saved_getpass
+        self._end_sync(sync_token)
 
         reply = {"execution_count": shell.execution_count - 1}
         if result.success:
@@ -515,6 +591,75 @@ class Engine:
         reply["payload"] = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
         return reply
+
+    # --- replication (nbos replica) -------------------------------------------------------
+
+    def namespace_digests(self, msg):
+        """nbos_namespace_request: a digest per user name, to compare replicas' namespaces."""
+        shell = self.shell
+        hidden = set(shell.user_ns_hidden)
+        digests = {}
+        for name, value in list(shell.user_ns.items()):
+            if name in hidden or name.startswith("_"):
+                continue
+            digests[name] = value_digest(value)
+        return {"status": "ok", "digests": digests,
+                "execution_count": shell.execution_count}
+
+    def enable_replication(self, store):
+        """Record each cell's namespace delta; large buffers go to `store`."""
+        import nbos_state
+
+        self.sync = nbos_state.StateSync(self.shell.user_ns, set(self.shell.user_ns_hidden),
+                                         store)
+
+    def _begin_sync(self, code):
+        if self.sync is None:
+            return None
+        try:
+            source = self.shell.transform_cell(code)
+        except Exception:
+            source = code
+        return self.sync.begin(source)
+
+    def _end_sync(self, token):
+        if self.sync is None:
+            return
+        delta, not_replicated = self.sync.end(token)
+        for name, reason in not_replicated:
+            print(f"nbos: '{name}' is not replicated to the other replicas: {reason}",
+                  file=sys.stderr)
+        self._delta = delta
+
+    def take_delta(self):
+        delta, self._delta = self._delta, None
+        return delta or b""
+
+    def apply_delta(self, delta):
+        self.sync.apply(delta)
+
+    def finish_standby(self, meta_json):
+        """After the executor's delta: the execution count and input history it left."""
+        meta = json.loads(meta_json)
+        count = meta.get("execution_count") or 0
+        if meta.get("store_history") and count:
+            code = meta.get("code", "")
+            shell = self.shell
+            try:
+                shell.history_manager.store_inputs(count, code, code)
+            except Exception:
+                pass
+            shell.user_ns["_i%d" % count] = code
+            shell.execution_count = count + 1
+
+    def checkpoint(self):
+        return self.sync.snapshot()
+
+    def restore(self, checkpoint, deltas):
+        if checkpoint:
+            self.sync.restore(checkpoint)
+        for delta in deltas:
+            self.sync.apply(delta)
 
     def complete(self, msg):
         from IPython.core.completer import provisionalcompleter, rectify_completions

@@ -1,0 +1,51 @@
+// What a replicated kernel adds around execution (DESIGN.md §3): an election before each cell,
+// replication of its effects after it, and standbys that follow instead of executing. The
+// standalone `nbos kernel` runs without a gate.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "jupyter/message.h"
+
+namespace nbos::replica {
+
+class PythonEngine;
+
+class ExecutionGate {
+ public:
+  enum class Role {
+    kExecute,  // this replica's LEAD committed first: run the cell
+    kStandby,  // another replica executes: apply its effects, emit no output
+    kNobody,   // every replica yielded: nobody can run the cell now
+  };
+  struct Decision {
+    Role role = Role::kNobody;
+    std::string exec_id;
+    uint64_t executor = 0;
+  };
+
+  virtual ~ExecutionGate() = default;
+
+  // All methods run on the engine's thread with the GIL held; waits release it.
+  // Called once the engine has started, before any request is served.
+  virtual void Attach(PythonEngine* engine) = 0;
+  // Before an execute_request: returns once the log has decided who executes it.
+  virtual Result<Decision> Elect(const jupyter::Message& request) = 0;
+  // On the executor, after the cell ran and before its reply: replicates the cell's effects and
+  // returns once they are committed and applied here.
+  virtual Status Commit(const Decision& decision, const jupyter::Message& request,
+                        const std::string& reply_content) = 0;
+  // On a standby: waits until the executor's effects are applied here and returns the
+  // executor's reply content.
+  virtual Result<std::string> Follow(const Decision& decision) = 0;
+  // Applies whatever the log delivered meanwhile (catch-up, other executions). Cheap when there
+  // is nothing to do; called whenever the replica is otherwise idle.
+  virtual void Pump() = 0;
+  // Gives up waiting on execution `exec_id` (its executor is gone). Thread-safe.
+  virtual void Cancel(const std::string& exec_id) = 0;
+  // Extra execute_reply metadata naming the executor and this replica's role.
+  virtual jupyter::Json ReplyMetadata(const Decision& decision) = 0;
+};
+
+}  // namespace nbos::replica

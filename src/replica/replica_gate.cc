@@ -1,0 +1,250 @@
+#include "replica/replica_gate.h"
+
+#include <spdlog/spdlog.h>
+
+#include "replica/python_engine.h"
+
+namespace nbos::replica {
+
+namespace {
+using jupyter::Json;
+using namespace std::chrono_literals;
+
+// Outcomes and completions remembered for late or repeated requests.
+constexpr size_t kRemembered = 4096;
+}  // namespace
+
+ReplicaGate::ReplicaGate(const ReplicaOptions& options)
+    : options_(options), machine_(options.replicas, this) {}
+
+Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& options) {
+  std::unique_ptr<ReplicaGate> gate(new ReplicaGate(options));
+  auto store = store::OpenBlobStore(options.blob_store_url);
+  if (!store.ok()) return store.status();
+  gate->store_ = std::move(*store);
+  replication::RaftNodeOptions raft;
+  raft.id = options.replica_id;
+  raft.address = options.raft_address;
+  raft.data_dir = options.data_dir;
+  raft.bootstrap = options.peers;
+  auto node = replication::RaftNode::Start(raft, &gate->machine_);
+  if (!node.ok()) return node.status();
+  gate->node_ = std::move(*node);
+  auto router = ProposalRouter::Start(gate->node_.get(), options.raft_address);
+  if (!router.ok()) return router.status();
+  gate->router_ = std::move(*router);
+  return gate;
+}
+
+ReplicaGate::~ReplicaGate() {
+  router_.reset();
+  if (node_) node_->Close();  // no more listener calls after this
+}
+
+void ReplicaGate::Attach(PythonEngine* engine) {
+  engine_ = engine;
+  Status s = engine_->EnableReplication(store_.get());
+  if (!s.ok()) spdlog::error("replication disabled: {}", s.ToString());
+  ProcessEvents();  // whatever the log replayed at start-up
+}
+
+void ReplicaGate::Enqueue(Event event) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+void ReplicaGate::OnElected(const std::string& exec_id, ReplicaId winner) {
+  Enqueue({Event::Kind::kElected, exec_id, winner, {}, {}, {}});
+}
+void ReplicaGate::OnAllYielded(const std::string& exec_id) {
+  Enqueue({Event::Kind::kAllYielded, exec_id, 0, {}, {}, {}});
+}
+void ReplicaGate::OnDelta(const std::string& exec_id, ReplicaId executor,
+                          const std::string& payload) {
+  Enqueue({Event::Kind::kDelta, exec_id, executor, payload, {}, {}});
+}
+void ReplicaGate::OnSideEffect(const std::string& exec_id, const std::string& statement) {
+  Enqueue({Event::Kind::kSideEffect, exec_id, 0, statement, {}, {}});
+}
+void ReplicaGate::OnDone(const std::string& exec_id, ReplicaId executor, const Json& meta) {
+  Enqueue({Event::Kind::kDone, exec_id, executor, {}, meta, {}});
+}
+void ReplicaGate::OnRestored(const std::string& checkpoint,
+                             const std::vector<JournalRecord>& journal) {
+  Enqueue({Event::Kind::kRestored, "", 0, checkpoint, {}, journal});
+}
+
+void ReplicaGate::Remember(std::map<std::string, Json>* map, std::deque<std::string>* order,
+                           const std::string& exec_id, Json value) {
+  if (map->insert_or_assign(exec_id, std::move(value)).second) {
+    order->push_back(exec_id);
+    if (order->size() > kRemembered) {
+      map->erase(order->front());
+      order->pop_front();
+    }
+  }
+}
+
+void ReplicaGate::Process(Event& e) {
+  switch (e.kind) {
+    case Event::Kind::kElected:
+      Remember(&outcomes_, &outcome_order_, e.exec_id, Json(e.replica));
+      return;
+    case Event::Kind::kAllYielded:
+      Remember(&outcomes_, &outcome_order_, e.exec_id, Json(0));
+      return;
+    case Event::Kind::kDelta:
+      // The executor's namespace already holds its own effects; every other replica (and the
+      // executor itself after a restart, which starts from an empty namespace) applies them.
+      if (executed_here_.count(e.exec_id) == 0) {
+        if (Status s = engine_->ApplyDelta(e.payload); !s.ok()) {
+          spdlog::error("execution {}: {}", e.exec_id, s.ToString());
+        }
+      }
+      return;
+    case Event::Kind::kSideEffect:
+      return;  // replayed statements are not produced yet
+    case Event::Kind::kDone:
+      if (executed_here_.count(e.exec_id) == 0) {
+        if (Status s = engine_->FinishStandby(e.meta); !s.ok()) {
+          spdlog::error("execution {}: {}", e.exec_id, s.ToString());
+        }
+      }
+      Remember(&done_, &done_order_, e.exec_id, e.meta);
+      return;
+    case Event::Kind::kRestored: {
+      std::vector<std::string> deltas;
+      for (const auto& r : e.journal) {
+        if (r.type == KernelEntry::Type::kDelta) deltas.push_back(r.payload);
+      }
+      executed_here_.clear();
+      if (Status s = engine_->Restore(e.payload, deltas); !s.ok()) {
+        spdlog::error("restoring the namespace from a snapshot: {}", s.ToString());
+      }
+      return;
+    }
+  }
+}
+
+void ReplicaGate::ProcessEvents() {
+  if (engine_ == nullptr) return;
+  for (;;) {
+    Event e;
+    {
+      std::lock_guard lock(mu_);
+      if (events_.empty()) return;
+      e = std::move(events_.front());
+      events_.pop_front();
+    }
+    Process(e);
+  }
+}
+
+void ReplicaGate::Pump() { ProcessEvents(); }
+
+template <typename Pred>
+bool ReplicaGate::WaitFor(Pred done, const std::string& exec_id,
+                          std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    ProcessEvents();
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    PythonEngine::Unlocked nogil;
+    std::unique_lock lock(mu_);
+    if (cancelled_.count(exec_id) > 0) return false;
+    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + 100ms),
+                   [&] { return !events_.empty() || cancelled_.count(exec_id) > 0; });
+  }
+}
+
+Status ReplicaGate::Propose(const KernelEntry& entry) {
+  auto r = router_->Propose(EncodeKernelEntry(entry), options_.propose_timeout);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& request) {
+  const Json nbos = request.metadata.value("nbos", Json::object());
+  Decision d;
+  d.exec_id = nbos.is_object() && nbos.value("exec_id", Json()).is_string()
+                  ? nbos["exec_id"].get<std::string>()
+                  : request.msg_id();
+  bool lead = true;
+  if (nbos.is_object() && nbos.contains("target_replica")) {
+    // An operator or the scheduler chose the executor; everyone else steps aside.
+    lead = nbos["target_replica"].is_number_unsigned() &&
+           nbos["target_replica"].get<ReplicaId>() == options_.replica_id;
+  }
+  KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
+                       options_.replica_id, Json::object(), ""};
+  if (Status s = Propose(proposal); !s.ok()) return s;
+  bool decided =
+      WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
+  if (!decided) {
+    return Unavailable("no election outcome for execution " + d.exec_id +
+                       " (cancelled or timed out)");
+  }
+  d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
+  d.role = d.executor == 0                     ? Role::kNobody
+           : d.executor == options_.replica_id ? Role::kExecute
+                                               : Role::kStandby;
+  return d;
+}
+
+Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& request,
+                           const std::string& reply_content) {
+  executed_here_.insert(decision.exec_id);
+  auto delta = engine_->TakeDelta();
+  if (!delta.ok()) return delta.status();
+  if (!delta->empty()) {
+    KernelEntry entry{KernelEntry::Type::kDelta, decision.exec_id, options_.replica_id,
+                      Json::object(), std::move(*delta)};
+    if (Status s = Propose(entry); !s.ok()) return s;
+  }
+  Json reply = Json::parse(reply_content, nullptr, false);
+  const bool silent = request.content.value("silent", false);
+  Json meta{{"reply", reply.is_discarded() ? Json::object() : reply},
+            {"execution_count", reply.is_object() ? reply.value("execution_count", 0) : 0},
+            {"store_history", request.content.value("store_history", !silent)},
+            {"code", request.content.value("code", "")}};
+  KernelEntry done{KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta),
+                   ""};
+  if (Status s = Propose(done); !s.ok()) return s;
+  // Propose returns when the leader applied it; the reply waits until this replica has too.
+  if (!WaitFor([&] { return done_.count(decision.exec_id) > 0; }, decision.exec_id,
+               options_.follow_timeout)) {
+    return Unavailable("execution " + decision.exec_id + " committed but not applied here in time");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReplicaGate::Follow(const Decision& decision) {
+  if (!WaitFor([&] { return done_.count(decision.exec_id) > 0; }, decision.exec_id,
+               options_.follow_timeout)) {
+    return Unavailable("replica " + std::to_string(decision.executor) +
+                       " did not finish execution " + decision.exec_id +
+                       "; this replica keeps the state of the last completed cell");
+  }
+  return done_.at(decision.exec_id).value("reply", Json::object()).dump();
+}
+
+void ReplicaGate::Cancel(const std::string& exec_id) {
+  {
+    std::lock_guard lock(mu_);
+    cancelled_.insert(exec_id);
+  }
+  cv_.notify_all();
+}
+
+Json ReplicaGate::ReplyMetadata(const Decision& decision) {
+  return Json{{"nbos",
+               {{"exec_id", decision.exec_id},
+                {"replica", options_.replica_id},
+                {"executor", decision.executor},
+                {"role", decision.role == Role::kExecute ? "executor" : "standby"}}}};
+}
+
+}  // namespace nbos::replica

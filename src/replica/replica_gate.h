@@ -1,0 +1,106 @@
+// `nbos replica`: the ExecutionGate of one replica of a distributed kernel. It joins the kernel's
+// Raft group (RaftNode + KernelStateMachine), proposes LEAD or YIELD for each execution through
+// whichever member leads (ProposalRouter), and keeps the Python namespace identical to the other
+// replicas by applying, in log order, the deltas the executors commit.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "replica/execution_gate.h"
+#include "replica/kernel_log.h"
+#include "replica/proposal_router.h"
+#include "replication/raft_node.h"
+#include "store/blob_store.h"
+
+namespace nbos::replica {
+
+struct ReplicaOptions {
+  ReplicaId replica_id = 0;
+  std::string raft_address;                // "IPv4:port"; forwarded proposals on port + 1
+  std::vector<replication::Member> peers;  // initial voters incl. this one; empty to join later
+  std::string data_dir;                    // Raft log and snapshots
+  std::string blob_store_url;              // see store::OpenBlobStore
+  size_t replicas = 3;                     // YIELDs that make an election fail
+  std::chrono::milliseconds propose_timeout{10000};
+  // How long a replica waits for an election outcome or for the executor's effects before it
+  // answers with an error (the executor may be gone; the gateway retries or cancels first).
+  std::chrono::milliseconds follow_timeout{120000};
+};
+
+class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
+ public:
+  static Result<std::unique_ptr<ReplicaGate>> Start(const ReplicaOptions& options);
+  ~ReplicaGate() override;
+
+  void Attach(PythonEngine* engine) override;
+  Result<Decision> Elect(const jupyter::Message& request) override;
+  Status Commit(const Decision& decision, const jupyter::Message& request,
+                const std::string& reply_content) override;
+  Result<std::string> Follow(const Decision& decision) override;
+  void Pump() override;
+  void Cancel(const std::string& exec_id) override;
+  jupyter::Json ReplyMetadata(const Decision& decision) override;
+
+ private:
+  struct Event {
+    enum class Kind { kElected, kAllYielded, kDelta, kSideEffect, kDone, kRestored };
+    Kind kind;
+    std::string exec_id;
+    ReplicaId replica = 0;
+    std::string payload;
+    jupyter::Json meta;
+    std::vector<JournalRecord> journal;
+  };
+
+  explicit ReplicaGate(const ReplicaOptions& options);
+
+  // KernelStateMachine::Listener, on the log's thread: queue for the engine's thread.
+  void OnElected(const std::string& exec_id, ReplicaId winner) override;
+  void OnAllYielded(const std::string& exec_id) override;
+  void OnDelta(const std::string& exec_id, ReplicaId executor, const std::string& payload) override;
+  void OnSideEffect(const std::string& exec_id, const std::string& statement) override;
+  void OnDone(const std::string& exec_id, ReplicaId executor, const jupyter::Json& meta) override;
+  void OnRestored(const std::string& checkpoint,
+                  const std::vector<JournalRecord>& journal) override;
+  void Enqueue(Event event);
+
+  // Engine's thread: applies queued events in log order.
+  void ProcessEvents();
+  void Process(Event& event);
+  // Processes events until `done()` holds, `exec_id` is cancelled, or the timeout passes;
+  // releases the GIL while waiting. Returns whether done() holds.
+  template <typename Pred>
+  bool WaitFor(Pred done, const std::string& exec_id, std::chrono::milliseconds timeout);
+  Status Propose(const KernelEntry& entry);
+  void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
+                const std::string& exec_id, jupyter::Json value);
+
+  ReplicaOptions options_;
+  std::unique_ptr<store::BlobStore> store_;
+  KernelStateMachine machine_;
+  std::unique_ptr<replication::RaftNode> node_;
+  std::unique_ptr<ProposalRouter> router_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;         // guarded by mu_
+  std::set<std::string> cancelled_;  // guarded by mu_
+
+  // Engine's thread only.
+  PythonEngine* engine_ = nullptr;
+  std::map<std::string, jupyter::Json> outcomes_;  // exec_id -> winner (0: nobody)
+  std::deque<std::string> outcome_order_;
+  std::map<std::string, jupyter::Json> done_;  // exec_id -> kDone meta
+  std::deque<std::string> done_order_;
+  std::set<std::string> executed_here_;  // by this process: its namespace already has the effects
+};
+
+}  // namespace nbos::replica

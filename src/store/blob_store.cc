@@ -1,0 +1,213 @@
+#include "store/blob_store.h"
+
+#include <openssl/evp.h>
+
+#include <cassert>
+#include <charconv>
+#include <utility>
+#include <vector>
+
+#include "store/dir_blob_store.h"
+#include "store/redis_blob_store.h"
+
+namespace nbos::store {
+
+namespace {
+
+// Fetched once: EVP_sha256() would make OpenSSL 3 look the implementation up on every digest.
+const EVP_MD* Sha256() {
+  static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  assert(md != nullptr && "OpenSSL has no SHA256");
+  return md;
+}
+
+std::string Hex(const unsigned char* bytes, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex(n * 2, '0');
+  for (size_t i = 0; i < n; ++i) {
+    hex[2 * i] = kHex[bytes[i] >> 4];
+    hex[2 * i + 1] = kHex[bytes[i] & 0xf];
+  }
+  return hex;
+}
+
+// Shortened and escaped so a hostile key cannot flood or garble a log line.
+std::string Printable(std::string_view s) {
+  constexpr size_t kMax = 80;
+  std::string out;
+  for (char c : s.substr(0, kMax)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += c;
+    } else {
+      out += '?';
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  return out;
+}
+
+bool ParseSize(std::string_view text, size_t& out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+// "a=1&b=2" into pairs. InvalidArgument for an option not in `allowed`.
+Result<std::vector<std::pair<std::string, std::string>>> ParseOptions(
+    std::string_view query, std::string_view url, const std::vector<std::string_view>& allowed) {
+  std::vector<std::pair<std::string, std::string>> out;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view item = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = item.find('=');
+    std::string_view name = item.substr(0, eq);
+    std::string_view value = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    bool known = false;
+    for (std::string_view a : allowed) known = known || a == name;
+    if (!known) {
+      std::string list;
+      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      return InvalidArgument("unknown option '" + Printable(name) + "' in blob store URL '" +
+                             Printable(url) + "' (known: " + list + ")");
+    }
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
+Result<std::unique_ptr<BlobStore>> OpenDir(std::string_view path, std::string_view query,
+                                           std::string_view url) {
+  if (path.empty() || path[0] != '/') {
+    return InvalidArgument("blob store directory must be an absolute path: '" + Printable(url) +
+                           "'");
+  }
+  auto options = ParseOptions(query, url, {"fsync"});
+  if (!options.ok()) return options.status();
+  DirBlobStoreOptions dir_options;
+  for (const auto& [name, value] : *options) {
+    if (value == "1" || value == "true") {
+      dir_options.fsync = true;
+    } else if (value == "0" || value == "false") {
+      dir_options.fsync = false;
+    } else {
+      return InvalidArgument("fsync must be 0 or 1 in blob store URL '" + Printable(url) + "'");
+    }
+  }
+  auto store = DirBlobStore::Open(std::filesystem::path(path), dir_options);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<BlobStore>(std::move(*store));
+}
+
+// `rest` is what follows "redis://": host[:port][/db].
+Result<std::unique_ptr<BlobStore>> OpenRedis(std::string_view rest, std::string_view query,
+                                             std::string_view url) {
+  auto bad = [&](std::string why) {
+    return InvalidArgument("bad redis URL '" + Printable(url) + "': " + why +
+                           " (expected redis://host[:port][/db])");
+  };
+  if (rest.find('@') != std::string_view::npos) return bad("credentials are not supported");
+  RedisBlobStoreOptions options;
+  std::string_view authority = rest.substr(0, rest.find('/'));
+  if (authority.size() < rest.size()) {
+    std::string_view db = rest.substr(authority.size() + 1);
+    size_t n = 0;
+    if (!db.empty() && (!ParseSize(db, n) || n > 1'000'000)) return bad("db must be a number");
+    options.db = static_cast<int>(n);
+  }
+  std::string_view host = authority;
+  std::string_view port;
+  if (!authority.empty() && authority[0] == '[') {  // [IPv6]:port
+    size_t close = authority.find(']');
+    if (close == std::string_view::npos) return bad("unterminated '['");
+    host = authority.substr(1, close - 1);
+    std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') return bad("expected ':' after ']'");
+      port = after.substr(1);
+    }
+  } else if (size_t colon = authority.rfind(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  if (host.empty()) return bad("no host");
+  options.host = std::string(host);
+  if (!port.empty() || authority.ends_with(':')) {
+    size_t n = 0;
+    if (!ParseSize(port, n) || n == 0 || n > 65535) return bad("port must be 1-65535");
+    options.port = static_cast<int>(n);
+  }
+  auto parsed = ParseOptions(query, url, {"chunk_bytes"});
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [name, value] : *parsed) {
+    if (!ParseSize(value, options.chunk_bytes)) return bad("chunk_bytes must be a number");
+  }
+  auto store = RedisBlobStore::Open(std::move(options));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<BlobStore>(std::move(*store));
+}
+
+}  // namespace
+
+std::string BlobKey(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  int ok = EVP_Digest(data.data(), data.size(), digest, &len, Sha256(), nullptr);
+  assert(ok == 1 && len == kBlobKeyLength / 2);
+  (void)ok;
+  return Hex(digest, len);
+}
+
+bool IsValidBlobKey(std::string_view key) {
+  if (key.size() != kBlobKeyLength) return false;
+  for (char c : key) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+Status CheckBlobKey(std::string_view key) {
+  if (IsValidBlobKey(key)) return Status::Ok();
+  return InvalidArgument("invalid blob key '" + Printable(key) +
+                         "': expected 64 lowercase hex characters (SHA-256)");
+}
+
+struct BlobHasher::Ctx {
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  ~Ctx() { EVP_MD_CTX_free(md); }
+};
+
+BlobHasher::BlobHasher() : ctx_(std::make_unique<Ctx>()) {
+  int ok = ctx_->md != nullptr && EVP_DigestInit_ex(ctx_->md, Sha256(), nullptr) == 1;
+  assert(ok);
+  (void)ok;
+}
+
+BlobHasher::~BlobHasher() = default;
+
+void BlobHasher::Update(std::string_view data) {
+  EVP_DigestUpdate(ctx_->md, data.data(), data.size());
+}
+
+std::string BlobHasher::HexDigest() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx_->md, digest, &len);
+  return Hex(digest, len);
+}
+
+Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {
+  std::string_view base = url.substr(0, url.find('?'));
+  std::string_view query = base.size() < url.size() ? url.substr(base.size() + 1) : "";
+  if (base.starts_with("redis://")) return OpenRedis(base.substr(8), query, url);
+  if (base.starts_with("dir:")) {
+    std::string_view path = base.substr(4);
+    // dir:///abs is the URL form ("dir://" + "/abs"); dir:/abs is what Describe prints.
+    if (path.starts_with("//")) path.remove_prefix(2);
+    return OpenDir(path, query, url);
+  }
+  if (base.starts_with("/")) return OpenDir(base, query, url);
+  return InvalidArgument("unsupported blob store URL '" + Printable(url) +
+                         "': expected dir:///abs/path, /abs/path or redis://host[:port][/db]");
+}
+
+}  // namespace nbos::store

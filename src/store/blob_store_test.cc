@@ -1,0 +1,399 @@
+// Keys, URLs, and the behaviour every BlobStore backend must share (a typed suite run against the
+// directory store and against a real redis-server).
+#include "store/blob_store.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "store/dir_blob_store.h"
+#include "store/redis_blob_store.h"
+#include "store/testing.h"
+
+namespace nbos::store {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr char kEmptyKey[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+constexpr char kAbcKey[] = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+
+TEST(BlobStoreKeyTest, IsLowercaseHexSha256) {
+  EXPECT_EQ(BlobKey(""), kEmptyKey);
+  EXPECT_EQ(BlobKey("abc"), kAbcKey);
+  EXPECT_TRUE(IsValidBlobKey(BlobKey(RandomBytes(1000))));
+}
+
+TEST(BlobStoreKeyTest, HasherMatchesOneShot) {
+  std::string data = RandomBytes(100'000, 7);
+  BlobHasher hasher;
+  hasher.Update(std::string_view(data).substr(0, 12'345));
+  hasher.Update("");
+  hasher.Update(std::string_view(data).substr(12'345));
+  EXPECT_EQ(hasher.HexDigest(), BlobKey(data));
+}
+
+std::vector<std::string> BadKeys() {
+  std::string valid = kAbcKey;
+  std::string upper = valid;
+  for (char& c : upper) c = static_cast<char>(std::toupper(c));
+  return {"",
+          "abc",
+          valid.substr(1),
+          valid + "0",
+          upper,
+          "../../../../etc/passwd" + std::string(42, 'a'),
+          valid.substr(0, 63) + "g",
+          valid.substr(0, 62) + "\r\n",
+          valid.substr(0, 63) + "*",
+          valid.substr(0, 63) + " ",
+          std::string(valid.substr(0, 63)) + std::string(1, '\0')};
+}
+
+TEST(BlobStoreKeyTest, ValidatesKeys) {
+  EXPECT_TRUE(IsValidBlobKey(kAbcKey));
+  EXPECT_TRUE(CheckBlobKey(kEmptyKey).ok());
+  for (const auto& bad : BadKeys()) {
+    EXPECT_FALSE(IsValidBlobKey(bad)) << bad;
+    EXPECT_EQ(CheckBlobKey(bad).code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// URLs
+
+TEST(OpenBlobStoreTest, DirectoryUrlForms) {
+  ScopedTempDir tmp;
+  std::string path = (tmp.path() / "a" / "b").string();
+  for (const std::string& url : {"dir://" + path, "dir:" + path, path, path + "/"}) {
+    auto store = OpenBlobStore(url);
+    ASSERT_TRUE(store.ok()) << url << ": " << store.status().ToString();
+    EXPECT_EQ((*store)->Describe(), "dir:" + path) << url;
+    EXPECT_TRUE(std::filesystem::is_directory(path));
+  }
+  auto synced = OpenBlobStore("dir://" + path + "?fsync=1");
+  ASSERT_TRUE(synced.ok()) << synced.status().ToString();
+  EXPECT_EQ((*synced)->Describe(), "dir:" + path + "?fsync=1");
+  // What Describe prints opens the same store.
+  auto again = OpenBlobStore((*synced)->Describe());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->Describe(), (*synced)->Describe());
+}
+
+TEST(OpenBlobStoreTest, RejectsMalformedUrls) {
+  for (const char* url : {"",
+                          "relative/path",
+                          "dir:relative",
+                          "dir://relative/x",
+                          "ftp://host/x",
+                          "rediss://h:1",
+                          "redis://",
+                          "redis://:6379",
+                          "redis://h:0",
+                          "redis://h:70000",
+                          "redis://h:abc",
+                          "redis://h:",
+                          "redis://h:1/x",
+                          "redis://user:pw@h:1",
+                          "redis://h:1?chunk_bytes=0",
+                          "redis://h:1?chunk_bytes=x",
+                          "redis://h:1?fsync=1",
+                          "/tmp/x?bogus=1",
+                          "/tmp/x?fsync=2",
+                          "s3://bucket"}) {
+    auto store = OpenBlobStore(url);
+    ASSERT_FALSE(store.ok()) << url;
+    EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument) << url;
+    EXPECT_FALSE(store.status().message().empty());
+  }
+  EXPECT_THAT(OpenBlobStore("s3://bucket").status().message(),
+              HasSubstr("expected dir:///abs/path, /abs/path or redis://host[:port][/db]"));
+  EXPECT_THAT(OpenBlobStore("/tmp/x?bogus=1").status().message(), HasSubstr("unknown option"));
+}
+
+TEST(OpenBlobStoreTest, RedisWithNothingListeningIsUnavailable) {
+  int port = FreeLocalPort();
+  auto store = OpenBlobStore("redis://127.0.0.1:" + std::to_string(port));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(store.status().message(),
+            "cannot reach redis at 127.0.0.1:" + std::to_string(port) + ": Connection refused");
+}
+
+TEST(OpenBlobStoreTest, RedisUrl) {
+  RedisTestServer server;
+  ASSERT_TRUE(server.Start().ok());
+  auto store = OpenBlobStore(server.url());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->Describe(), server.url() + "/0");
+  auto db2 = OpenBlobStore(server.url() + "/2?chunk_bytes=1024");
+  ASSERT_TRUE(db2.ok()) << db2.status().ToString();
+  EXPECT_EQ((*db2)->Describe(), server.url() + "/2");
+  auto key = (*db2)->Put(RandomBytes(3000));
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  // Stored in db 2, chunked by the URL's chunk size.
+  EXPECT_EQ(*RedisCall(server.port(), {"EXISTS", RedisBlobStore::RedisKey(*key)}, 2), "1");
+  EXPECT_EQ(*RedisCall(server.port(), {"EXISTS", RedisBlobStore::RedisKey(*key)}, 0), "0");
+  EXPECT_EQ(*RedisCall(server.port(), {"HGET", RedisBlobStore::RedisKey(*key), "chunks"}, 2), "3");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The contract, per backend
+
+// Each backend: SetUp() prepares the backing store, Open() a BlobStore on it, Corrupt() damages
+// a stored blob behind the store's back keeping its size.
+struct DirBackend {
+  static constexpr const char* kName = "Dir";
+  static constexpr size_t kLargeBytes = size_t{200} << 20;  // the size of real tensors
+
+  Status SetUp() { return Status::Ok(); }
+  Result<std::unique_ptr<BlobStore>> Open() {
+    return OpenBlobStore("dir://" + tmp.path().string());
+  }
+  void Corrupt(const std::string& key) {
+    auto store = DirBlobStore::Open(tmp.path());
+    std::string path = (*store)->PathFor(key).string();
+    int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path;
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, 0), 1);
+    c = static_cast<char>(c ^ 0x01);
+    ASSERT_EQ(::pwrite(fd, &c, 1, 0), 1);
+    ::close(fd);
+  }
+
+  ScopedTempDir tmp;
+};
+
+struct RedisBackend {
+  static constexpr const char* kName = "Redis";
+  static constexpr size_t kChunkBytes = size_t{1} << 20;
+  static constexpr size_t kLargeBytes = 5 * kChunkBytes + 123;  // 6 chunks, the last partial
+
+  Status SetUp() { return server.Start(); }
+  Result<std::unique_ptr<BlobStore>> Open() {
+    return OpenBlobStore(server.url() + "?chunk_bytes=" + std::to_string(kChunkBytes));
+  }
+  void Corrupt(const std::string& key) {
+    std::string redis_key = RedisBlobStore::RedisKey(key);
+    auto type = RedisCall(server.port(), {"TYPE", redis_key});
+    ASSERT_TRUE(type.ok());
+    if (*type == "hash") redis_key = RedisBlobStore::ChunkRedisKey(key, 1);
+    auto value = RedisCall(server.port(), {"GET", redis_key});
+    ASSERT_TRUE(value.ok());
+    ASSERT_FALSE(value->empty());
+    (*value)[0] = static_cast<char>((*value)[0] ^ 0x01);
+    ASSERT_EQ(*RedisCall(server.port(), {"SET", redis_key, *value}), "OK");
+  }
+
+  RedisTestServer server;
+};
+
+template <typename Backend>
+class BlobStoreContractTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Status s = backend_.SetUp();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    auto store = backend_.Open();
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+  }
+
+  // Put, then Get must return exactly `data`.
+  void ExpectRoundTrip(const std::string& data) {
+    auto key = store_->Put(data);
+    ASSERT_TRUE(key.ok()) << key.status().ToString();
+    EXPECT_EQ(*key, BlobKey(data));
+    auto contains = store_->Contains(*key);
+    ASSERT_TRUE(contains.ok()) << contains.status().ToString();
+    EXPECT_TRUE(*contains);
+    auto got = store_->Get(*key);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), data.size());
+    ASSERT_TRUE(*got == data);  // not EXPECT_EQ: a failure would print both blobs
+  }
+
+  Backend backend_;
+  std::unique_ptr<BlobStore> store_;
+};
+
+struct BackendName {
+  template <typename T>
+  static std::string GetName(int) {
+    return T::kName;
+  }
+};
+
+using Backends = ::testing::Types<DirBackend, RedisBackend>;
+TYPED_TEST_SUITE(BlobStoreContractTest, Backends, BackendName);
+
+TYPED_TEST(BlobStoreContractTest, RoundTripEmpty) {
+  this->ExpectRoundTrip("");
+  EXPECT_EQ(*this->store_->Put(""), kEmptyKey);
+}
+
+TYPED_TEST(BlobStoreContractTest, RoundTripSmall) { this->ExpectRoundTrip("hello, blob"); }
+
+TYPED_TEST(BlobStoreContractTest, RoundTripAllByteValues) {
+  std::string data;
+  for (int round = 0; round < 4; ++round) {
+    for (int b = 0; b < 256; ++b) data += static_cast<char>(b);
+  }
+  this->ExpectRoundTrip(data);
+}
+
+TYPED_TEST(BlobStoreContractTest, RoundTripLarge) {
+  this->ExpectRoundTrip(RandomBytes(TypeParam::kLargeBytes, 42));
+}
+
+TYPED_TEST(BlobStoreContractTest, PutIsIdempotent) {
+  std::string data = RandomBytes(TypeParam::kLargeBytes / 3, 3);
+  auto first = this->store_->Put(data);
+  auto second = this->store_->Put(data);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(*first, *second);
+  EXPECT_TRUE(this->store_->PutWithKey(*first, data).ok());
+  auto got = this->store_->Get(*first);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(*got == data);
+  EXPECT_NE(*this->store_->Put(data + "x"), *first);
+}
+
+TYPED_TEST(BlobStoreContractTest, PutWithKey) {
+  ASSERT_TRUE(this->store_->PutWithKey(kAbcKey, "abc").ok());
+  EXPECT_EQ(*this->store_->Get(kAbcKey), "abc");
+
+  std::string claimed = BlobKey("what the sender said");
+  Status s = this->store_->PutWithKey(claimed, "what arrived");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("does not match"));
+  EXPECT_FALSE(*this->store_->Contains(claimed));
+  EXPECT_FALSE(*this->store_->Contains(BlobKey("what arrived")));
+}
+
+TYPED_TEST(BlobStoreContractTest, UnknownKeyIsNotFound) {
+  std::string key = BlobKey("never stored");
+  auto got = this->store_->Get(key);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(got.status().message(), HasSubstr(key));
+  EXPECT_FALSE(*this->store_->Contains(key));
+  EXPECT_TRUE(this->store_->Delete(key).ok());
+}
+
+TYPED_TEST(BlobStoreContractTest, BadKeysAreInvalidArgument) {
+  for (const auto& bad : BadKeys()) {
+    EXPECT_EQ(this->store_->Get(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(this->store_->Contains(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(this->store_->Delete(bad).code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(this->store_->PutWithKey(bad, "x").code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TYPED_TEST(BlobStoreContractTest, CorruptBlobIsDetected) {
+  for (const std::string& data : {std::string("small blob"), RandomBytes(TypeParam::kLargeBytes)}) {
+    auto key = this->store_->Put(data);
+    ASSERT_TRUE(key.ok()) << key.status().ToString();
+    this->backend_.Corrupt(*key);
+    auto got = this->store_->Get(*key);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kInternal);
+    EXPECT_THAT(got.status().message(), HasSubstr("corrupt blob " + *key));
+  }
+}
+
+TYPED_TEST(BlobStoreContractTest, DeleteRemovesTheBlob) {
+  for (const std::string& data : {std::string("small blob"), RandomBytes(TypeParam::kLargeBytes)}) {
+    auto key = this->store_->Put(data);
+    ASSERT_TRUE(key.ok());
+    ASSERT_TRUE(this->store_->Delete(*key).ok());
+    EXPECT_FALSE(*this->store_->Contains(*key));
+    EXPECT_EQ(this->store_->Get(*key).status().code(), StatusCode::kNotFound);
+    EXPECT_TRUE(this->store_->Delete(*key).ok());  // again: still fine
+    this->ExpectRoundTrip(data);                   // and it can come back
+  }
+}
+
+TYPED_TEST(BlobStoreContractTest, ConcurrentPutsOfTheSameBlob) {
+  const std::string data = RandomBytes(3 * (size_t{1} << 20) + 7, 9);
+  const std::string key = BlobKey(data);
+  constexpr int kThreads = 8;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 3; ++i) {
+        if (t % 2 == 0) {
+          auto k = this->store_->Put(data);
+          if (!k.ok() || *k != key) ++failures;
+        } else if (!this->store_->PutWithKey(key, data).ok()) {
+          ++failures;
+        }
+        auto got = this->store_->Get(key);
+        if (!got.ok() || *got != data) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_TRUE(*this->store_->Get(key) == data);
+}
+
+TYPED_TEST(BlobStoreContractTest, ConcurrentPutsOfDifferentBlobs) {
+  constexpr int kThreads = 6;
+  std::vector<std::string> blobs;
+  for (int t = 0; t < kThreads; ++t) blobs.push_back(RandomBytes(1'500'000 + t, 100 + t));
+  std::vector<std::thread> threads;
+  std::vector<Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] { results[t] = this->store_->Put(blobs[t]).status(); });
+  }
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(results[t].ok()) << results[t].ToString();
+    EXPECT_TRUE(*this->store_->Get(BlobKey(blobs[t])) == blobs[t]);
+  }
+}
+
+// A reader polling while a blob is written sees either nothing or all of it. The reader has its
+// own store (its own Redis connection), as another replica would.
+TYPED_TEST(BlobStoreContractTest, ReaderNeverSeesAPartialBlob) {
+  const std::string data = RandomBytes(TypeParam::kLargeBytes / 2, 11);
+  const std::string key = BlobKey(data);
+  auto reader_store = this->backend_.Open();
+  ASSERT_TRUE(reader_store.ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> partial{0}, polls{0};
+  std::thread reader([&] {
+    while (!done) {
+      ++polls;
+      auto got = (*reader_store)->Get(key);
+      if (got.ok() ? *got != data : got.status().code() != StatusCode::kNotFound) ++partial;
+    }
+  });
+  auto put = this->store_->Put(data);
+  done = true;
+  reader.join();
+  ASSERT_TRUE(put.ok());
+  EXPECT_EQ(partial.load(), 0);
+  EXPECT_GT(polls.load(), 0);
+  EXPECT_TRUE(*(*reader_store)->Get(key) == data);
+}
+
+TYPED_TEST(BlobStoreContractTest, DescribeNamesTheStore) {
+  EXPECT_THAT(this->store_->Describe(),
+              ::testing::AnyOf(StartsWith("dir:/"), StartsWith("redis://127.0.0.1:")));
+}
+
+}  // namespace
+}  // namespace nbos::store

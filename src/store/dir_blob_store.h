@@ -1,0 +1,63 @@
+// Blob store in a local or shared directory. Layout: <root>/<key[0:2]>/<key>, a two-level
+// fan-out that keeps directories small (256 subdirectories, each holding 1/256 of the blobs).
+//
+// Each blob is written to a temporary file in its final subdirectory (".<key>.tmp.XXXXXX") and
+// renamed into place. rename() is atomic, so readers see either no blob or the whole blob, and any
+// number of concurrent writers (threads or processes) of the same blob are fine: they write the
+// same bytes and the last rename wins. A writer that crashes leaves only a stray temporary file.
+//
+// Speed: Put hashes, checks for the file, then writes straight from the caller's buffer. Get reads
+// into one buffer of the file's size and, for blobs of 32 MiB and more, hashes on a short-lived
+// helper thread while later parts are still being read.
+//
+// Durability: by default blobs are not fsynced. A blob is a cache of state that the Raft log
+// references by key and that its producer can put again; losing the last seconds of blobs in a
+// power cut costs a re-put, while fsync on every put would cap throughput at the disk's sync rate
+// (on network or cloud disks often far below the 500 MB/s we need for tensors). Enable `fsync` when
+// the directory is the only copy; then the file and its directory entry are synced before Put
+// returns.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "store/blob_store.h"
+
+namespace nbos::store {
+
+struct DirBlobStoreOptions {
+  bool fsync = false;  // fsync each blob file and its directory before Put returns
+};
+
+class DirBlobStore final : public BlobStore {
+ public:
+  // Creates `root` (and parents) if missing. InvalidArgument for a relative path; Unavailable if
+  // the directory cannot be created or is not a directory.
+  static Result<std::unique_ptr<DirBlobStore>> Open(const std::filesystem::path& root,
+                                                    DirBlobStoreOptions options = {});
+
+  Result<std::string> Put(std::string_view data) override;
+  Status PutWithKey(std::string_view key, std::string_view data) override;
+  Result<std::string> Get(std::string_view key) override;
+  Result<bool> Contains(std::string_view key) override;
+  Status Delete(std::string_view key) override;
+  std::string Describe() const override;  // "dir:/root", plus "?fsync=1" when enabled
+
+  // Where the blob with `key` lives (whether or not it exists). `key` must be valid.
+  std::filesystem::path PathFor(std::string_view key) const;
+
+ private:
+  DirBlobStore(std::filesystem::path root, DirBlobStoreOptions options)
+      : root_(std::move(root)), options_(options) {}
+
+  // Stores `data` under the already verified `key` unless a file of the right size is there.
+  Status PutVerified(std::string_view key, std::string_view data);
+  Status WriteAtomically(std::string_view key, std::string_view data);
+
+  const std::filesystem::path root_;
+  const DirBlobStoreOptions options_;
+};
+
+}  // namespace nbos::store

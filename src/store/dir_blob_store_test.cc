@@ -1,0 +1,113 @@
+// Directory-specific behaviour; the shared contract is in blob_store_test.cc.
+#include "store/dir_blob_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "store/testing.h"
+
+namespace nbos::store {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::vector<std::string> Listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    names.push_back(fs::relative(entry.path(), dir).string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+ino_t Inode(const fs::path& p) {
+  struct stat st {};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return st.st_ino;
+}
+
+TEST(DirBlobStoreTest, TwoLevelFanOutAndNoTemporaryFilesLeft) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Put("abc").ok());
+  const std::string key = BlobKey("abc");
+  EXPECT_EQ((*store)->PathFor(key), tmp.path() / "ba" / key);
+  EXPECT_EQ(Listing(tmp.path()), (std::vector<std::string>{"ba", "ba/" + key}));
+  std::ifstream in((*store)->PathFor(key), std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "abc");
+}
+
+TEST(DirBlobStoreTest, SecondPutDoesNotRewrite) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  std::string data = RandomBytes(1 << 20);
+  auto key = (*store)->Put(data);
+  ASSERT_TRUE(key.ok());
+  ino_t before = Inode((*store)->PathFor(*key));
+  ASSERT_TRUE((*store)->Put(data).ok());
+  ASSERT_TRUE((*store)->PutWithKey(*key, data).ok());
+  EXPECT_EQ(Inode((*store)->PathFor(*key)), before);  // a rewrite would rename a new inode in
+}
+
+TEST(DirBlobStoreTest, TruncatedBlobIsCorruptAndPutRepairsIt) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  std::string data = RandomBytes(40 << 20);
+  auto key = (*store)->Put(data);
+  ASSERT_TRUE(key.ok());
+  fs::resize_file((*store)->PathFor(*key), (20 << 20) + 5);
+  auto got = (*store)->Get(*key);
+  EXPECT_EQ(got.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(got.status().message(), HasSubstr("corrupt blob"));
+  ASSERT_TRUE((*store)->Put(data).ok());  // the size differs, so it is written again
+  EXPECT_TRUE(*(*store)->Get(*key) == data);
+}
+
+TEST(DirBlobStoreTest, UnfinishedTemporaryFilesAreInvisible) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  const std::string key = BlobKey("abc");
+  fs::create_directories(tmp.path() / "ba");
+  std::ofstream(tmp.path() / "ba" / ("." + key + ".tmp.0123456789abcdef")) << "ab";
+  EXPECT_FALSE(*(*store)->Contains(key));
+  EXPECT_EQ((*store)->Get(key).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE((*store)->Put("abc").ok());
+  EXPECT_EQ(*(*store)->Get(key), "abc");
+}
+
+TEST(DirBlobStoreTest, FsyncOptionStillRoundTrips) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path() / "synced", {.fsync = true});
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Describe(), "dir:" + (tmp.path() / "synced").string() + "?fsync=1");
+  std::string data = RandomBytes(300'000);
+  auto key = (*store)->Put(data);
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  EXPECT_TRUE(*(*store)->Get(*key) == data);
+}
+
+TEST(DirBlobStoreTest, OpenErrors) {
+  EXPECT_EQ(DirBlobStore::Open("relative").status().code(), StatusCode::kInvalidArgument);
+  ScopedTempDir tmp;
+  std::ofstream(tmp.path() / "file") << "x";
+  auto store = DirBlobStore::Open(tmp.path() / "file");
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(store.status().message(), HasSubstr((tmp.path() / "file").string()));
+}
+
+TEST(DirBlobStoreTest, TwoStoresOnOneDirectoryShareBlobs) {
+  ScopedTempDir tmp;
+  auto writer = DirBlobStore::Open(tmp.path());
+  auto reader = DirBlobStore::Open(tmp.path());
+  auto key = (*writer)->Put("shared tensor");
+  ASSERT_TRUE(key.ok());
+  EXPECT_EQ(*(*reader)->Get(*key), "shared tensor");
+}
+
+}  // namespace
+}  // namespace nbos::store

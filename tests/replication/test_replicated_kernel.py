@@ -1,0 +1,293 @@
+"""A distributed kernel: three `nbos replica` processes on loopback, one Raft group, one blob
+store. This suite plays the gateway's part: it sends every execute_request to all three replicas,
+names the executor with `nbos.target_replica`, and checks that after every cell all three
+namespaces are equal (per-name digests from nbos_namespace_request), that only the executor
+produces output, and what happens when replicas die.
+"""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from conftest import nbos_bin  # noqa: E402
+
+TIMEOUT = 60
+
+
+def free_port_pair():
+    """A loopback port p with p + 1 free too (a replica serves forwarded proposals there)."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+class Replica:
+    def __init__(self, group, replica_id):
+        self.group = group
+        self.id = replica_id
+        self.dir = os.path.join(group.dir, f"replica-{replica_id}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.connection_file = os.path.join(self.dir, "kernel.json")
+        write_connection_file(self.connection_file, key=group.key.encode())
+        self.proc = None
+        self.client = None
+
+    def start(self):
+        stderr = open(os.path.join(self.dir, "stderr.log"), "ab")
+        self.proc = subprocess.Popen(
+            [nbos_bin(), "replica", "-f", self.connection_file, "--id", str(self.id),
+             "--raft", self.group.addresses[self.id], "--data-dir",
+             os.path.join(self.dir, "raft"), "--blob-store", self.group.store_url,
+             "--log-level", "info"] + [f"--peer={i}={a}" for i, a in self.group.addresses.items()],
+            stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.dir)
+        stderr.close()
+        self.client = BlockingKernelClient(connection_file=self.connection_file)
+        self.client.load_connection_file()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=TIMEOUT)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.client.stop_channels()
+        self.client = None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stderr(self):
+        return pathlib.Path(self.dir, "stderr.log").read_text(errors="replace")
+
+    def request(self, msg_type, content, channel="shell"):
+        msg = self.client.session.msg(msg_type, content)
+        getattr(self.client, f"{channel}_channel").send(msg)
+        get = self.client.get_shell_msg if channel == "shell" else self.client.get_control_msg
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            reply = get(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply
+
+    def digests(self):
+        content = self.request("nbos_namespace_request", {})["content"]
+        assert content.get("status") == "ok", content
+        return content["digests"]
+
+
+class Group:
+    def __init__(self, n=3):
+        self.dir = tempfile.mkdtemp(prefix="nbos-replicas-")
+        self.key = uuid.uuid4().hex
+        self.store_url = "dir://" + os.path.join(self.dir, "blobs")
+        self.addresses = {i: f"127.0.0.1:{free_port_pair()}" for i in range(1, n + 1)}
+        self.replicas = {i: Replica(self, i) for i in self.addresses}
+        for r in self.replicas.values():
+            r.start()
+
+    def live(self):
+        return [r for r in self.replicas.values() if r.alive()]
+
+    def send_execute(self, code, target, replicas=None):
+        exec_id = uuid.uuid4().hex
+        sent = {}
+        for r in replicas or self.live():
+            content = {"code": code, "silent": False, "store_history": True,
+                       "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+            msg = r.client.session.msg("execute_request", content)
+            msg["metadata"] = {"nbos": {"exec_id": exec_id, "target_replica": target}}
+            r.client.shell_channel.send(msg)
+            sent[r.id] = msg["header"]["msg_id"]
+        return exec_id, sent
+
+    def collect(self, sent):
+        """Per replica: (execute_reply, iopub messages for the request up to idle)."""
+        out = {}
+        for rid, msg_id in sent.items():
+            r = self.replicas[rid]
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                reply = r.client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+            outputs = []
+            while True:
+                m = r.client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+                if m["parent_header"].get("msg_id") != msg_id:
+                    continue
+                outputs.append(m)
+                if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                    break
+            out[rid] = (reply, outputs)
+        return out
+
+    def execute(self, code, target):
+        _, sent = self.send_execute(code, target)
+        return self.collect(sent)
+
+    def assert_converged(self):
+        digests = {r.id: r.digests() for r in self.live()}
+        reference = next(iter(digests.values()))
+        for rid, d in digests.items():
+            assert d == reference, f"replica {rid} differs: " + str(
+                {k: (d.get(k), reference.get(k)) for k in set(d) | set(reference)
+                 if d.get(k) != reference.get(k)})
+        return reference
+
+    def close(self):
+        for r in self.replicas.values():
+            if r.alive():
+                r.proc.kill()
+                r.proc.wait()
+            if r.client is not None:
+                r.client.stop_channels()
+
+
+@pytest.fixture
+def group(kernelspec_dir):
+    g = Group()
+    yield g
+    g.close()
+
+
+def stream_text(outputs):
+    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream")
+
+
+def check_cell(results, executor, expect_status="ok"):
+    reply, outputs = results[executor]
+    assert reply["content"]["status"] == expect_status, reply["content"]
+    assert reply["metadata"]["nbos"]["role"] == "executor"
+    for rid, (r, outs) in results.items():
+        assert r["metadata"]["nbos"]["executor"] == executor
+        assert r["content"]["status"] == reply["content"]["status"]
+        assert r["content"]["execution_count"] == reply["content"]["execution_count"]
+        if rid != executor:
+            # Standbys stay silent: busy and idle only.
+            assert [m["msg_type"] for m in outs] == ["status", "status"], outs
+    return reply, outputs
+
+
+CELLS = [
+    ("x = 41\nitems = [1, 2]\nprint('hello from', x)", None),
+    ("x += 1\nitems.append(x)\nalias = items", None),
+    ("def square(v):\n    return v * v\nclass Point:\n    def __init__(self, a):\n"
+     "        self.a = a\n    def norm(self):\n        return square(self.a)\n"
+     "p = Point(x)\nf = lambda k: k + x", None),
+    ("import numpy as np\nsmall = np.arange(10)\nbig = np.random.default_rng(0)"
+     ".standard_normal((512, 512))\nbig[0, 0] = p.norm()", None),
+    ("import pandas as pd\ndf = pd.DataFrame({'a': range(5), 'b': list('vwxyz')})\n"
+     "df['c'] = df['a'] * 2", None),
+    ("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(8, 16), "
+     "torch.nn.ReLU(), torch.nn.Linear(16, 1))", None),
+    ("opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+     "data = torch.randn(64, 8)\ntarget = torch.randn(64, 1)", None),
+    ("for _ in range(3):\n    opt.zero_grad()\n    loss = ((model(data) - target) ** 2).mean()\n"
+     "    loss.backward()\n    opt.step()\nprint(round(loss.item(), 6))", None),
+    ("del small\nitems.append(f(1))", None),
+    ("print(alias is items, square(3), p.norm(), len(df))", "True 9 1764 5\n"),
+]
+
+
+def test_forced_targets_keep_namespaces_equal(group):
+    for n, (code, expected_stdout) in enumerate(CELLS):
+        target = 1 + n % 3
+        results = group.execute(code, target)
+        reply, outputs = check_cell(results, target)
+        assert reply["content"]["execution_count"] == n + 1
+        if expected_stdout is not None:
+            assert stream_text(outputs) == expected_stdout
+        digests = group.assert_converged()
+        assert "small" not in digests or n < 8
+    # The optimizer on every replica drives that replica's model parameters: one more step on a
+    # different replica than the last gives the same model everywhere.
+    results = group.execute("opt.zero_grad()\nloss = ((model(data) - target) ** 2).mean()\n"
+                            "loss.backward()\nopt.step()\nw = model[0].weight.sum().item()", 2)
+    check_cell(results, 2)
+    group.assert_converged()
+    results = group.execute("print(round(w, 5) == round(model[0].weight.sum().item(), 5))", 3)
+    assert stream_text(check_cell(results, 3)[1]) == "True\n"
+
+
+def test_errors_replicate_as_errors(group):
+    results = group.execute("y = 1\nraise ValueError('boom')", 2)
+    reply, outputs = check_cell(results, 2, expect_status="error")
+    assert reply["content"]["ename"] == "ValueError"
+    assert any(m["msg_type"] == "error" for m in outputs)
+    group.assert_converged()
+
+
+def test_all_replicas_yield(group):
+    results = group.execute("z = 1", 99)  # nobody is targeted: every replica yields
+    for reply, _ in results.values():
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "NoReplicaCanExecute"
+    results = group.execute("z = 2", 1)
+    check_cell(results, 1)
+
+
+def test_standby_killed_and_restarted_catches_up(group):
+    check_cell(group.execute("a = [1]", 1), 1)
+    group.replicas[3].kill()
+    for i in range(5):
+        check_cell(group.execute(f"a.append({i})\nb{i} = {i}", 1 + i % 2), 1 + i % 2)
+    group.replicas[3].start()  # from its data directory
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        d = {r.id: r.digests() for r in group.live()}
+        if d[3] == d[1]:
+            break
+        time.sleep(0.2)
+    group.assert_converged()
+    check_cell(group.execute("a.append(len(a))", 3), 3)
+    group.assert_converged()
+
+
+def test_executor_killed_between_cells(group):
+    check_cell(group.execute("state = {'n': 1}", 1), 1)
+    group.replicas[1].kill()
+    results = group.execute("state['n'] += 1\nprint(state['n'])", 2)
+    reply, outputs = check_cell(results, 2)
+    assert stream_text(outputs) == "2\n"
+    group.assert_converged()
+
+
+def test_executor_killed_mid_cell(group):
+    check_cell(group.execute("counter = 10", 1), 1)
+    exec_id, sent = group.send_execute(
+        "counter = 99\nimport time\ntime.sleep(60)", 1)
+    time.sleep(2.0)
+    group.replicas[1].kill()
+    # The gateway's part: tell the survivors the executor is gone.
+    for rid in (2, 3):
+        group.replicas[rid].request("nbos_cancel_request", {"exec_id": exec_id},
+                                    channel="control")
+    del sent[1]
+    for rid, (reply, outputs) in group.collect(sent).items():
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "ExecutorLost"
+    # The survivors keep the last committed state and keep working.
+    results = group.execute("print(counter)", 2)
+    reply, outputs = check_cell(results, 2)
+    assert stream_text(outputs) == "10\n"
+    group.assert_converged()
