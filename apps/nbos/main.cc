@@ -59,6 +59,14 @@ int main(int argc, char** argv) {
       ->add_option("--blob-store", replica_options.blob_store_url,
                    "dir:///path or redis://host:port/db")
       ->required();
+  replica
+      ->add_option("--checkpoint-every", replica_options.checkpoint_every,
+                   "Journal records (deltas, side effects) between namespace checkpoints")
+      ->capture_default_str();
+  replica
+      ->add_option("--snapshot-threshold", replica_options.snapshot_threshold,
+                   "Raft entries between log snapshots")
+      ->capture_default_str();
   replica->add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 

@@ -117,21 +117,29 @@ void KernelStateMachine::Apply(std::string_view command) {
     }
     case KernelEntry::Type::kDelta:
       journal_.push_back({e.type, e.exec_id, e.payload});
+      ++journal_total_;
       if (listener_) listener_->OnDelta(e.exec_id, e.replica, journal_.back().payload);
       return;
     case KernelEntry::Type::kSideEffect:
       journal_.push_back({e.type, e.exec_id, e.payload});
+      ++journal_total_;
       if (listener_) listener_->OnSideEffect(e.exec_id, journal_.back().payload);
       return;
     case KernelEntry::Type::kDone:
       ++executions_done_;
       if (listener_) listener_->OnDone(e.exec_id, e.replica, e.meta);
       return;
-    case KernelEntry::Type::kCheckpoint:
-      // Replicas already hold this state; it only shortens what catch-up must replay.
+    case KernelEntry::Type::kCheckpoint: {
+      // Replicas already hold this state; it only shortens what catch-up must replay. It was
+      // taken after its author applied `covers` records; any committed after that stay.
+      const uint64_t first_kept = journal_total_ - journal_.size();
+      const uint64_t covers = e.meta.value("covers", journal_total_);
+      if (covers < first_kept || covers > journal_total_) return;  // stale or impossible
+      journal_.erase(journal_.begin(), journal_.begin() + static_cast<long>(covers - first_kept));
       checkpoint_ = std::move(e.payload);
-      journal_.clear();
+      if (listener_) listener_->OnCheckpoint(covers);
       return;
+    }
   }
 }
 
@@ -151,6 +159,7 @@ std::string KernelStateMachine::Snapshot() {
   parts.push_back({KernelEntry::Type::kCheckpoint, "", 0,
                    Json{{"elections", std::move(elections)},
                         {"executions_done", executions_done_},
+                        {"journal_total", journal_total_},
                         {"malformed_entries", malformed_entries_}},
                    checkpoint_});
   for (const auto& r : journal_) parts.push_back({r.type, r.exec_id, 0, Json::object(), r.payload});
@@ -193,13 +202,15 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
   elections_ = std::move(elections);
   election_order_ = std::move(order);
   executions_done_ = parts[0].meta.value("executions_done", uint64_t{0});
+  journal_total_ = parts[0].meta.value("journal_total", uint64_t{0});
   malformed_entries_ = parts[0].meta.value("malformed_entries", uint64_t{0});
   checkpoint_ = std::move(parts[0].payload);
   journal_.clear();
   for (size_t i = 1; i < parts.size(); ++i) {
     journal_.push_back({parts[i].type, parts[i].exec_id, std::move(parts[i].payload)});
   }
-  if (listener_) listener_->OnRestored(checkpoint_, journal_);
+  if (journal_total_ < journal_.size()) return InvalidArgument("kernel snapshot inconsistent");
+  if (listener_) listener_->OnRestored(checkpoint_, journal_, journal_total_);
   return Status::Ok();
 }
 

@@ -26,7 +26,8 @@ struct KernelEntry {
     kYield = 2,       // it cannot (or another replica was targeted)
     kDelta = 3,       // namespace delta of a finished cell (payload)
     kDone = 4,        // the execution is finished and its effects are all in the log before this
-    kCheckpoint = 5,  // a full namespace snapshot (payload) replacing everything before it
+    kCheckpoint = 5,  // a full namespace snapshot (payload) standing for the first
+                      // meta.covers journal records
     kSideEffect = 6,  // a statement every replica replays (%cd, os.environ...) (payload)
   };
   Type type = Type::kLead;
@@ -72,10 +73,13 @@ class KernelStateMachine final : public replication::StateMachine {
     virtual void OnSideEffect(const std::string& exec_id, const std::string& statement) = 0;
     virtual void OnDone(const std::string& exec_id, ReplicaId executor,
                         const jupyter::Json& meta) = 0;
+    // A checkpoint now stands for the first `covers` journal records ever appended.
+    virtual void OnCheckpoint(uint64_t covers) = 0;
     // The whole state was replaced (catch-up from a snapshot): rebuild the namespace from the
-    // checkpoint, then replay the journal in order.
+    // checkpoint, then replay the journal in order. `journal_total` counts every record ever
+    // appended, the checkpointed ones included.
     virtual void OnRestored(const std::string& checkpoint,
-                            const std::vector<JournalRecord>& journal) = 0;
+                            const std::vector<JournalRecord>& journal, uint64_t journal_total) = 0;
   };
 
   // `replicas`: how many YIELDs make an election fail. `listener` may be null (tests).
@@ -90,6 +94,7 @@ class KernelStateMachine final : public replication::StateMachine {
   const std::string& checkpoint() const { return checkpoint_; }
   const std::vector<JournalRecord>& journal() const { return journal_; }
   uint64_t executions_done() const { return executions_done_; }
+  uint64_t journal_total() const { return journal_total_; }
   uint64_t malformed_entries() const { return malformed_entries_; }
 
   // Elections remembered (oldest are forgotten first); late proposals for a forgotten one are
@@ -105,6 +110,7 @@ class KernelStateMachine final : public replication::StateMachine {
   std::deque<std::string> election_order_;
   std::string checkpoint_;
   std::vector<JournalRecord> journal_;
+  uint64_t journal_total_ = 0;  // records ever appended; journal_ holds the last ones
   uint64_t executions_done_ = 0;
   uint64_t malformed_entries_ = 0;
 };

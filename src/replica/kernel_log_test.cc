@@ -26,9 +26,13 @@ class Recorder final : public KernelStateMachine::Listener {
   void OnDone(const std::string& id, ReplicaId executor, const Json& meta) override {
     events.push_back("done " + id + " " + std::to_string(executor) + " " + meta.dump());
   }
-  void OnRestored(const std::string& checkpoint,
-                  const std::vector<JournalRecord>& journal) override {
-    events.push_back("restored " + checkpoint + " +" + std::to_string(journal.size()));
+  void OnCheckpoint(uint64_t covers) override {
+    events.push_back("checkpoint " + std::to_string(covers));
+  }
+  void OnRestored(const std::string& checkpoint, const std::vector<JournalRecord>& journal,
+                  uint64_t total) override {
+    events.push_back("restored " + checkpoint + " +" + std::to_string(journal.size()) + "/" +
+                     std::to_string(total));
   }
   std::vector<std::string> events;
 };
@@ -107,6 +111,27 @@ TEST(KernelStateMachineTest, CheckpointReplacesJournal) {
   EXPECT_TRUE(m.journal().empty());
   m.Apply(Delta("e3", 2, "d3"));
   EXPECT_EQ(m.journal().size(), 1u);
+  EXPECT_EQ(m.journal_total(), 3u);
+}
+
+// A checkpoint taken after its author applied N records keeps the records committed after N.
+TEST(KernelStateMachineTest, CheckpointKeepsRecordsCommittedAfterItWasTaken) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Delta("e1", 1, "d1"));
+  m.Apply(Delta("e2", 2, "d2"));
+  m.Apply(Delta("e3", 3, "d3"));
+  auto checkpoint = [](uint64_t covers) {
+    return EncodeKernelEntry(
+        {KernelEntry::Type::kCheckpoint, "c", 1, Json{{"covers", covers}}, "ck"});
+  };
+  m.Apply(checkpoint(2));  // taken before d3 was applied by its author
+  ASSERT_EQ(m.journal().size(), 1u);
+  EXPECT_EQ(m.journal()[0].payload, "d3");
+  m.Apply(checkpoint(1));  // older than what is already checkpointed: ignored
+  m.Apply(checkpoint(9));  // covers records that do not exist: ignored
+  EXPECT_EQ(m.journal().size(), 1u);
+  EXPECT_EQ(r.events.back(), "checkpoint 2");
 }
 
 TEST(KernelStateMachineTest, SnapshotRestoreRoundTrip) {
@@ -173,6 +198,7 @@ TEST(KernelStateMachineTest, ReplicasAgreeOnEveryDecision) {
   EXPECT_EQ(m4.ElectionFor("cell5")->winner, ReplicaId{3});
   ASSERT_FALSE(r4.events.empty());
   EXPECT_EQ(r4.events.front().rfind("restored ", 0), 0u) << "caught up from a snapshot";
+  EXPECT_EQ(m4.journal_total(), m1.journal_total());
 }
 
 }  // namespace

@@ -442,10 +442,18 @@ std::string KernelServer::RunInEngine(const Message& request, bool is_execute) {
 }
 
 std::string KernelServer::ExecuteReplicated(const Message& request, Json* metadata) {
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
   ExecutionGate* gate = options_.gate;
+  const auto received = Clock::now();
   auto decision = gate->Elect(request);
   if (!decision.ok()) return ErrorContent("ReplicationError", decision.status().message());
   *metadata = gate->ReplyMetadata(*decision);
+  // Per-hop durations, for benchmarks and operators: election, the cell itself, replication.
+  Json& timings = (*metadata)["nbos"]["timings_ms"];
+  timings["elect"] = ms_since(received);
   switch (decision->role) {
     case ExecutionGate::Role::kNobody:
       return ErrorContent("NoReplicaCanExecute", "every replica of this kernel yielded execution " +
@@ -454,13 +462,20 @@ std::string KernelServer::ExecuteReplicated(const Message& request, Json* metada
     case ExecutionGate::Role::kStandby: {
       // Another replica runs the cell; this one emits no output and answers once the
       // executor's effects are applied here.
+      const auto following = Clock::now();
       auto reply = gate->Follow(*decision);
+      timings["follow"] = ms_since(following);
       return reply.ok() ? *reply : ErrorContent("ExecutorLost", reply.status().message());
     }
     case ExecutionGate::Role::kExecute: {
+      const auto running = Clock::now();
       std::string content = RunInEngine(request, true);
+      timings["run"] = ms_since(running);
       // A reply means the cell's effects are replicated (DESIGN.md §3, step 5).
-      if (Status s = gate->Commit(*decision, request, content); !s.ok()) {
+      const auto committing = Clock::now();
+      Status committed = gate->Commit(*decision, request, content);
+      timings["commit"] = ms_since(committing);
+      if (Status s = committed; !s.ok()) {
         return ErrorContent("ReplicationError",
                             "the cell ran but its effects could not be replicated: " + s.message());
       }

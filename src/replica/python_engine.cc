@@ -176,10 +176,11 @@ Status CallPython(const char* what, F&& f) {
 }
 }  // namespace
 
-Status PythonEngine::EnableReplication(store::BlobStore* store) {
+Status PythonEngine::EnableReplication(store::BlobStore* store, uint64_t replica_id) {
   return CallPython("enable replication", [&] {
     LoadModule("nbos_state", kNbosStateSource);
-    impl_->engine.attr("enable_replication")(py::cast(store, py::return_value_policy::reference));
+    impl_->engine.attr("enable_replication")(py::cast(store, py::return_value_policy::reference),
+                                             replica_id);
   });
 }
 
@@ -193,6 +194,20 @@ Result<std::string> PythonEngine::TakeDelta() {
 
 Status PythonEngine::ApplyDelta(const std::string& delta) {
   return CallPython("apply delta", [&] { impl_->engine.attr("apply_delta")(py::bytes(delta)); });
+}
+
+Result<std::string> PythonEngine::TakeSideEffects() {
+  std::string changes;
+  Status s = CallPython("take side effects", [&] {
+    changes = impl_->engine.attr("take_side_effects")().cast<std::string>();
+  });
+  if (!s.ok()) return s;
+  return changes;
+}
+
+Status PythonEngine::ApplySideEffects(const std::string& changes_json) {
+  return CallPython("apply side effects",
+                    [&] { impl_->engine.attr("apply_side_effects")(changes_json); });
 }
 
 Status PythonEngine::FinishStandby(const jupyter::Json& done_meta) {
@@ -209,10 +224,12 @@ Result<std::string> PythonEngine::Checkpoint() {
 }
 
 Status PythonEngine::Restore(const std::string& checkpoint,
-                             const std::vector<std::string>& deltas) {
+                             const std::vector<std::pair<bool, std::string>>& records) {
   return CallPython("restore", [&] {
     py::list list;
-    for (const auto& d : deltas) list.append(py::bytes(d));
+    for (const auto& [is_delta, payload] : records) {
+      list.append(py::make_tuple(is_delta ? "delta" : "side_effect", py::bytes(payload)));
+    }
     impl_->engine.attr("restore")(py::bytes(checkpoint), list);
   });
 }

@@ -27,6 +27,8 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   raft.address = options.raft_address;
   raft.data_dir = options.data_dir;
   raft.bootstrap = options.peers;
+  raft.snapshot_threshold = options.snapshot_threshold;
+  raft.snapshot_trailing = std::min(128u, options.snapshot_threshold / 2);
   auto node = replication::RaftNode::Start(raft, &gate->machine_);
   if (!node.ok()) return node.status();
   gate->node_ = std::move(*node);
@@ -43,7 +45,7 @@ ReplicaGate::~ReplicaGate() {
 
 void ReplicaGate::Attach(PythonEngine* engine) {
   engine_ = engine;
-  Status s = engine_->EnableReplication(store_.get());
+  Status s = engine_->EnableReplication(store_.get(), options_.replica_id);
   if (!s.ok()) spdlog::error("replication disabled: {}", s.ToString());
   ProcessEvents();  // whatever the log replayed at start-up
 }
@@ -72,9 +74,12 @@ void ReplicaGate::OnSideEffect(const std::string& exec_id, const std::string& st
 void ReplicaGate::OnDone(const std::string& exec_id, ReplicaId executor, const Json& meta) {
   Enqueue({Event::Kind::kDone, exec_id, executor, {}, meta, {}});
 }
+void ReplicaGate::OnCheckpoint(uint64_t covers) {
+  Enqueue({Event::Kind::kCheckpoint, "", 0, {}, {}, {}, covers});
+}
 void ReplicaGate::OnRestored(const std::string& checkpoint,
-                             const std::vector<JournalRecord>& journal) {
-  Enqueue({Event::Kind::kRestored, "", 0, checkpoint, {}, journal});
+                             const std::vector<JournalRecord>& journal, uint64_t journal_total) {
+  Enqueue({Event::Kind::kRestored, "", 0, checkpoint, {}, journal, journal_total});
 }
 
 void ReplicaGate::Remember(std::map<std::string, Json>* map, std::deque<std::string>* order,
@@ -96,9 +101,14 @@ void ReplicaGate::Process(Event& e) {
     case Event::Kind::kAllYielded:
       Remember(&outcomes_, &outcome_order_, e.exec_id, Json(0));
       return;
+    case Event::Kind::kCheckpoint:
+      since_checkpoint_ = journal_seen_ - std::min(journal_seen_, e.count);
+      return;
     case Event::Kind::kDelta:
       // The executor's namespace already holds its own effects; every other replica (and the
       // executor itself after a restart, which starts from an empty namespace) applies them.
+      ++journal_seen_;
+      ++since_checkpoint_;
       if (executed_here_.count(e.exec_id) == 0) {
         if (Status s = engine_->ApplyDelta(e.payload); !s.ok()) {
           spdlog::error("execution {}: {}", e.exec_id, s.ToString());
@@ -106,7 +116,14 @@ void ReplicaGate::Process(Event& e) {
       }
       return;
     case Event::Kind::kSideEffect:
-      return;  // replayed statements are not produced yet
+      ++journal_seen_;
+      ++since_checkpoint_;
+      if (executed_here_.count(e.exec_id) == 0) {
+        if (Status s = engine_->ApplySideEffects(e.payload); !s.ok()) {
+          spdlog::error("execution {}: {}", e.exec_id, s.ToString());
+        }
+      }
+      return;
     case Event::Kind::kDone:
       if (executed_here_.count(e.exec_id) == 0) {
         if (Status s = engine_->FinishStandby(e.meta); !s.ok()) {
@@ -116,12 +133,18 @@ void ReplicaGate::Process(Event& e) {
       Remember(&done_, &done_order_, e.exec_id, e.meta);
       return;
     case Event::Kind::kRestored: {
-      std::vector<std::string> deltas;
+      std::vector<std::pair<bool, std::string>> records;
       for (const auto& r : e.journal) {
-        if (r.type == KernelEntry::Type::kDelta) deltas.push_back(r.payload);
+        records.emplace_back(r.type == KernelEntry::Type::kDelta, r.payload);
       }
       executed_here_.clear();
-      if (Status s = engine_->Restore(e.payload, deltas); !s.ok()) {
+      journal_seen_ = e.count;
+      since_checkpoint_ = records.size();
+      spdlog::info(
+          "restoring the namespace from a snapshot: checkpoint of {} bytes, {} journal "
+          "records",
+          e.payload.size(), records.size());
+      if (Status s = engine_->Restore(e.payload, records); !s.ok()) {
         spdlog::error("restoring the namespace from a snapshot: {}", s.ToString());
       }
       return;
@@ -204,6 +227,13 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
                       Json::object(), std::move(*delta)};
     if (Status s = Propose(entry); !s.ok()) return s;
   }
+  auto side_effects = engine_->TakeSideEffects();
+  if (!side_effects.ok()) return side_effects.status();
+  if (!side_effects->empty()) {
+    KernelEntry entry{KernelEntry::Type::kSideEffect, decision.exec_id, options_.replica_id,
+                      Json::object(), std::move(*side_effects)};
+    if (Status s = Propose(entry); !s.ok()) return s;
+  }
   Json reply = Json::parse(reply_content, nullptr, false);
   const bool silent = request.content.value("silent", false);
   Json meta{{"reply", reply.is_discarded() ? Json::object() : reply},
@@ -218,7 +248,22 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
                options_.follow_timeout)) {
     return Unavailable("execution " + decision.exec_id + " committed but not applied here in time");
   }
+  MaybeCheckpoint();
   return Status::Ok();
+}
+
+void ReplicaGate::MaybeCheckpoint() {
+  if (since_checkpoint_ < options_.checkpoint_every) return;
+  auto data = engine_->Checkpoint();
+  if (!data.ok()) {
+    spdlog::warn("no checkpoint: {}", data.status().ToString());
+    return;
+  }
+  KernelEntry entry{KernelEntry::Type::kCheckpoint, "", options_.replica_id,
+                    Json{{"covers", journal_seen_}}, std::move(*data)};
+  // Best effort: a lost checkpoint only means catch-up replays more.
+  if (Status s = Propose(entry); !s.ok())
+    spdlog::warn("checkpoint not committed: {}", s.ToString());
 }
 
 Result<std::string> ReplicaGate::Follow(const Decision& decision) {

@@ -33,6 +33,10 @@ struct ReplicaOptions {
   // How long a replica waits for an election outcome or for the executor's effects before it
   // answers with an error (the executor may be gone; the gateway retries or cancels first).
   std::chrono::milliseconds follow_timeout{120000};
+  // The executor proposes a checkpoint of the whole namespace once this many journal records
+  // (deltas, side effects) accumulated since the last one, so catch-up replays little.
+  uint64_t checkpoint_every = 64;
+  unsigned snapshot_threshold = 1024;  // Raft entries between snapshots
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -51,13 +55,14 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
 
  private:
   struct Event {
-    enum class Kind { kElected, kAllYielded, kDelta, kSideEffect, kDone, kRestored };
+    enum class Kind { kElected, kAllYielded, kDelta, kSideEffect, kDone, kCheckpoint, kRestored };
     Kind kind;
     std::string exec_id;
     ReplicaId replica = 0;
     std::string payload;
     jupyter::Json meta;
     std::vector<JournalRecord> journal;
+    uint64_t count = 0;  // kCheckpoint: records covered; kRestored: records ever appended
   };
 
   explicit ReplicaGate(const ReplicaOptions& options);
@@ -68,8 +73,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void OnDelta(const std::string& exec_id, ReplicaId executor, const std::string& payload) override;
   void OnSideEffect(const std::string& exec_id, const std::string& statement) override;
   void OnDone(const std::string& exec_id, ReplicaId executor, const jupyter::Json& meta) override;
-  void OnRestored(const std::string& checkpoint,
-                  const std::vector<JournalRecord>& journal) override;
+  void OnCheckpoint(uint64_t covers) override;
+  void OnRestored(const std::string& checkpoint, const std::vector<JournalRecord>& journal,
+                  uint64_t journal_total) override;
   void Enqueue(Event event);
 
   // Engine's thread: applies queued events in log order.
@@ -80,6 +86,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   template <typename Pred>
   bool WaitFor(Pred done, const std::string& exec_id, std::chrono::milliseconds timeout);
   Status Propose(const KernelEntry& entry);
+  void MaybeCheckpoint();
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 
@@ -101,6 +108,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::map<std::string, jupyter::Json> done_;  // exec_id -> kDone meta
   std::deque<std::string> done_order_;
   std::set<std::string> executed_here_;  // by this process: its namespace already has the effects
+  uint64_t journal_seen_ = 0;            // journal records this namespace reflects
+  uint64_t since_checkpoint_ = 0;        // of those, after the last checkpoint
 };
 
 }  // namespace nbos::replica

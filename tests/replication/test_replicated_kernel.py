@@ -59,7 +59,8 @@ class Replica:
             [nbos_bin(), "replica", "-f", self.connection_file, "--id", str(self.id),
              "--raft", self.group.addresses[self.id], "--data-dir",
              os.path.join(self.dir, "raft"), "--blob-store", self.group.store_url,
-             "--log-level", "info"] + [f"--peer={i}={a}" for i, a in self.group.addresses.items()],
+             "--log-level", "info"] + self.group.extra_args +
+            [f"--peer={i}={a}" for i, a in self.group.addresses.items()],
             stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.dir)
         stderr.close()
         self.client = BlockingKernelClient(connection_file=self.connection_file)
@@ -96,7 +97,8 @@ class Replica:
 
 
 class Group:
-    def __init__(self, n=3):
+    def __init__(self, n=3, extra_args=()):
+        self.extra_args = list(extra_args)
         self.dir = tempfile.mkdtemp(prefix="nbos-replicas-")
         self.key = uuid.uuid4().hex
         self.store_url = "dir://" + os.path.join(self.dir, "blobs")
@@ -291,3 +293,52 @@ def test_executor_killed_mid_cell(group):
     reply, outputs = check_cell(results, 2)
     assert stream_text(outputs) == "10\n"
     group.assert_converged()
+
+
+def test_process_state_outside_the_namespace_follows_the_executor(group):
+    code = ("import os, sys\n%cd /tmp\nos.environ['NBOS_REPLICATED'] = 'yes'\n"
+            "os.environ.pop('NBOS_GONE', None)\nsys.path.append('/opt/nbos-test')")
+    check_cell(group.execute(code, 1), 1)
+    results = group.execute(
+        "print(os.getcwd(), os.environ.get('NBOS_REPLICATED'), sys.path[-1])", 3)
+    reply, outputs = check_cell(results, 3)
+    assert stream_text(outputs) == "/tmp yes /opt/nbos-test\n"
+
+
+def test_unreplicable_names_are_reported_and_fail_clearly_elsewhere(group):
+    results = group.execute("fh = open('/etc/hostname')\nn = 5", 1)
+    reply, outputs = check_cell(results, 1)
+    stderr = "".join(m["content"]["text"] for m in outputs
+                     if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+    assert "cannot replicate 'fh'" in stderr, stderr
+    results = group.execute("print(n)\nfh.read()", 2)
+    reply, outputs = check_cell(results, 2, expect_status="error")
+    assert "5\n" == stream_text([m for m in outputs if m["msg_type"] == "stream"
+                                 and m["content"]["name"] == "stdout"])
+    assert "replica 1" in reply["content"]["evalue"] or "cannot" in reply["content"]["evalue"]
+
+
+def test_restart_catches_up_from_snapshot_and_checkpoint():
+    # Small thresholds: checkpoints every 2 journal records, Raft snapshots every 8 entries, so
+    # the restarted replica gets a snapshot (checkpoint + journal) instead of the whole log.
+    group = Group(extra_args=["--checkpoint-every", "2", "--snapshot-threshold", "8"])
+    try:
+        check_cell(group.execute("import numpy as np\nacc = np.zeros(4)\nseen = []", 1), 1)
+        group.replicas[3].kill()
+        for i in range(12):
+            target = 1 + i % 2
+            check_cell(group.execute(f"acc += {i}\nseen.append({i})\nimport os\n"
+                                     f"os.environ['NBOS_STEP'] = '{i}'", target), target)
+        group.replicas[3].start()
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if group.replicas[3].digests() == group.replicas[1].digests():
+                break
+            time.sleep(0.2)
+        group.assert_converged()
+        assert "restoring the namespace from a snapshot" in group.replicas[3].stderr()
+        results = group.execute("print(acc[0], len(seen), os.environ['NBOS_STEP'])", 3)
+        reply, outputs = check_cell(results, 3)
+        assert stream_text(outputs) == "66.0 12 11\n"
+    finally:
+        group.close()

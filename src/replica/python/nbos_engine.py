@@ -10,6 +10,7 @@ import builtins
 import getpass
 import json
 import os
+import re
 import signal
 import sys
 import traceback
@@ -491,6 +492,7 @@ class Engine:
         self.version = version
         self.sync = None  # set by enable_replication
         self._delta = None
+        self._side_effects = None
         self._handlers = {
             "execute_request": self.execute,
             "complete_request": self.complete,
@@ -606,12 +608,13 @@ class Engine:
         return {"status": "ok", "digests": digests,
                 "execution_count": shell.execution_count}
 
-    def enable_replication(self, store):
+    def enable_replication(self, store, replica_id):
         """Record each cell's namespace delta; large buffers go to `store`."""
         import nbos_state
 
-        self.sync = nbos_state.StateSync(self.shell.user_ns, set(self.shell.user_ns_hidden),
-                                         store)
+        # The live dict, so names IPython hides later are skipped too.
+        self.sync = nbos_state.StateSync(self.shell.user_ns, self.shell.user_ns_hidden, store,
+                                         replica_id=replica_id)
 
     def _begin_sync(self, code):
         if self.sync is None:
@@ -620,23 +623,81 @@ class Engine:
             source = self.shell.transform_cell(code)
         except Exception:
             source = code
+        # Process state outside the namespace that cells change and users rely on.
+        self._process_before = (os.getcwd(), dict(os.environ), list(sys.path))
+        self._cell_code = code
         return self.sync.begin(source)
 
     def _end_sync(self, token):
         if self.sync is None:
             return
         delta, not_replicated = self.sync.end(token)
-        for name, reason in not_replicated:
-            print(f"nbos: '{name}' is not replicated to the other replicas: {reason}",
-                  file=sys.stderr)
+        for problem in not_replicated:
+            print(problem.message(), file=sys.stderr)
         self._delta = delta
+        self._side_effects = self._process_changes()
+
+    _REPLAYED = re.compile(r"^\s*[%!]\s*(pip|conda|mamba)\s+(install|uninstall)\b.*$",
+                           re.MULTILINE)
+
+    def _process_changes(self):
+        """What the cell changed outside the namespace: cwd, environment, sys.path, and package
+        installs, which every replica must repeat on its own host."""
+        cwd, env, path = self._process_before
+        changes = {}
+        if os.getcwd() != cwd:
+            changes["cwd"] = os.getcwd()
+        now = dict(os.environ)
+        env_set = {k: v for k, v in now.items() if env.get(k) != v}
+        env_unset = [k for k in env if k not in now]
+        if env_set:
+            changes["env_set"] = env_set
+        if env_unset:
+            changes["env_unset"] = env_unset
+        if list(sys.path) != path:
+            changes["sys_path"] = list(sys.path)
+        replay = [m.group(0).strip() for m in self._REPLAYED.finditer(self._cell_code)]
+        if replay:
+            changes["replay"] = replay
+        return changes
 
     def take_delta(self):
         delta, self._delta = self._delta, None
         return delta or b""
 
+    def take_side_effects(self):
+        changes, self._side_effects = self._side_effects, None
+        return json.dumps(changes) if changes else ""
+
     def apply_delta(self, delta):
-        self.sync.apply(delta)
+        self._report_unrebuilt(self.sync.apply(delta))
+
+    @staticmethod
+    def _report_unrebuilt(names):
+        # Standbys publish nothing: this goes to the replica's log.
+        if names:
+            print("nbos: could not rebuild on this replica: " + ", ".join(names),
+                  file=sys.__stderr__)
+
+    def apply_side_effects(self, changes_json):
+        changes = json.loads(changes_json)
+        if "cwd" in changes:
+            try:
+                os.chdir(changes["cwd"])
+            except OSError as e:
+                print(f"nbos: cannot change to {changes['cwd']} on this replica: {e}",
+                      file=sys.__stderr__)
+        os.environ.update(changes.get("env_set", {}))
+        for k in changes.get("env_unset", []):
+            os.environ.pop(k, None)
+        if "sys_path" in changes:
+            sys.path[:] = changes["sys_path"]
+        if changes.get("replay"):
+            from IPython.utils.capture import capture_output
+
+            with capture_output():  # a standby publishes nothing
+                for statement in changes["replay"]:
+                    self.shell.run_cell(statement, store_history=False, silent=True)
 
     def finish_standby(self, meta_json):
         """After the executor's delta: the execution count and input history it left."""
@@ -655,11 +716,15 @@ class Engine:
     def checkpoint(self):
         return self.sync.snapshot()
 
-    def restore(self, checkpoint, deltas):
+    def restore(self, checkpoint, records):
+        """Rebuilds the namespace: a checkpoint, then ("delta"|"side_effect", bytes) records."""
         if checkpoint:
-            self.sync.restore(checkpoint)
-        for delta in deltas:
-            self.sync.apply(delta)
+            self._report_unrebuilt(self.sync.restore(checkpoint))
+        for kind, payload in records:
+            if kind == "delta":
+                self.apply_delta(payload)
+            else:
+                self.apply_side_effects(payload.decode())
 
     def complete(self, msg):
         from IPython.core.completer import provisionalcompleter, rectify_completions

@@ -266,7 +266,8 @@ class NotReplicated:
 
     def __repr__(self):
         g = functools.partial(object.__getattribute__, self)
-        return f"<nbos: {g('_nbos_name')!r} ({g('_nbos_type')}) not replicated here: {g('_nbos_reason')}>"
+        return (f"<nbos: {g('_nbos_name')!r} ({g('_nbos_type')}) not replicated here: "
+                f"{g('_nbos_reason')}>")
 
     def __reduce__(self):
         g = functools.partial(object.__getattribute__, self)
@@ -1205,6 +1206,7 @@ class _DeltaUnpickler(pickle.Unpickler):
         self._table = sync._table
         self._fetched = fetched
         self.rebinds = rebinds
+        self.restore_memo = None  # {index: object} while _memo_restorer's pickle is loaded
 
     def find_class(self, module, name):
         # Globals pickled by reference to the notebook's module are this replica's own.
@@ -1237,6 +1239,8 @@ class _DeltaUnpickler(pickle.Unpickler):
         return obj if type(obj) is typ else None
 
     def persistent_load(self, pid):
+        if type(pid) is int:
+            return self.restore_memo[pid]
         kind = pid[0]
         if kind == "ns":
             return self._ns
@@ -1388,6 +1392,23 @@ class _DeltaUnpickler(pickle.Unpickler):
 
 # ------------------------------------------------------------------------------------------
 # Wire format
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), type, types.FunctionType,
+          types.BuiltinFunctionType, types.ModuleType)
+
+
+def _complete(obj, depth=0):
+    """Whether an object found in the memo of a failed load is surely complete (immutable)."""
+    if isinstance(obj, _ATOMS):
+        return True
+    return type(obj) is tuple and depth < 3 and all(_complete(x, depth + 1) for x in obj)
+
+
+def _memo_restorer(n):
+    """A pickle that makes an unpickler memoize persistent ids 0..n-1, in order."""
+    return b"".join([b"\x80\x05"] + [b"J" + i.to_bytes(4, "little", signed=True) + b"Q\x94" + b"0"
+                                      for i in range(n)] + [b"N."])
 
 
 def _count_memoize(data):
@@ -1690,14 +1711,10 @@ class StateSync:
         types_ = header.get("types", [])
         origin = header.get("origin")
         rebinds, problems = {}, []
-        f = io.BytesIO(payload)
-        u, memo = None, None
+        f, base = io.BytesIO(payload), 0
+        u = _DeltaUnpickler(self, f, iter(buffers), fetched, rebinds)
         for i, name in enumerate(names):
-            if u is None:
-                u = _DeltaUnpickler(self, f, iter(buffers[oob_index[i]:]), fetched, rebinds)
-                if memo is not None:
-                    u.memo = memo
-            f.seek(offsets[i])
+            f.seek(base + offsets[i])
             try:
                 value = u.load()
             except Exception as exc:
@@ -1705,15 +1722,25 @@ class StateSync:
                 type_name = types_[i] if i < len(types_) else "object"
                 value = NotReplicated(name, type_name, reason, origin)
                 problems.append(Unreplicable(name, reason, type_name))
-                # Continue with a new unpickler. The unpickler numbers memo entries by counting
-                # them, so every entry this name's pickle creates must exist: all of them become
-                # the placeholder (names that share its objects then refer to the placeholder).
-                memo = u.memo.copy()
-                end = offsets[i + 1] if i + 1 < len(names) else len(payload)
-                first = _count_memoize(payload[:offsets[i]])
-                for index in range(first, first + _count_memoize(payload[offsets[i]:end])):
-                    memo[index] = value
-                u = None
+                if i + 1 < len(names):
+                    # Go on with a new unpickler (the old one may hold unread input). Every
+                    # memo entry this name's pickle creates must exist, since the unpickler
+                    # numbers entries by counting them. Objects of the failed pickle that may
+                    # be incomplete become the placeholder, so names sharing them refer to it.
+                    memo = u.memo.copy()
+                    end = offsets[i + 1]
+                    first = _count_memoize(payload[:offsets[i]])
+                    total = first + _count_memoize(payload[offsets[i]:end])
+                    for index in range(first, total):
+                        if index not in memo or not _complete(memo[index]):
+                            memo[index] = value
+                    prefix = _memo_restorer(total)
+                    f, base = io.BytesIO(prefix + bytes(payload)), len(prefix)
+                    u = _DeltaUnpickler(self, f, iter(buffers[oob_index[i + 1]:]), fetched,
+                                        rebinds)
+                    u.restore_memo = memo
+                    u.load()  # runs the restorer: memo entries 0..total-1
+                    u.restore_memo = None
             ns.update(rebinds)
             rebinds.clear()
             ns[name] = value

@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import pickle
 import sys
-import tempfile
 import traceback
 import types
 
@@ -522,7 +521,7 @@ def test_a_value_that_cannot_be_rebuilt_fails_alone():
 
 
 def test_numpy_arrays_small_large_and_dedup():
-    np = pytest.importorskip("numpy")
+    pytest.importorskip("numpy")
     c = Cluster()
     c.run("import numpy as np\nsmall = np.arange(10)\nrng = np.random.default_rng(0)\n"
           "big = rng.random(100_000)\nmat = np.asfortranarray(rng.random((300, 200)))\n"
@@ -570,7 +569,7 @@ def test_numpy_arrays_small_large_and_dedup():
 
 
 def test_reading_a_huge_name_does_not_reserialize_it():
-    np = pytest.importorskip("numpy")
+    pytest.importorskip("numpy")
     c = Cluster()
     c.run("import numpy as np\nhuge = np.ones(4 * 1024 * 1024)")  # 32 MiB
     puts, put_bytes = c.store.puts, c.store.put_bytes
@@ -584,7 +583,7 @@ def test_reading_a_huge_name_does_not_reserialize_it():
 
 
 def test_pandas_dataframes():
-    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pandas")
     c = Cluster(threshold=4096)
     c.run("import pandas as pd\nimport numpy as np\n"
           "df = pd.DataFrame({'a': range(5), 'b': list('abcde')})\n"
@@ -663,9 +662,11 @@ def test_torch_misc_tensors():
     torch = pytest.importorskip("torch")
     c = Cluster(threshold=1024)
     c.run("import torch\nt = torch.arange(1000, dtype=torch.float32).reshape(10, 100)\n"
-          "v = t[0]\nb16 = torch.ones(600, dtype=torch.bfloat16)\nflags = torch.tensor([True, False])\n"
-          "empty = torch.empty(0, 3)\nw = torch.nn.Parameter(torch.zeros(3))\nlin = torch.nn.Linear(3, 3)\n"
-          "lin.weight = w2 = torch.nn.Parameter(torch.ones(3, 3))\nsparse = torch.eye(3).to_sparse()")
+          "v = t[0]\nb16 = torch.ones(600, dtype=torch.bfloat16)\n"
+          "flags = torch.tensor([True, False])\nempty = torch.empty(0, 3)\n"
+          "w = torch.nn.Parameter(torch.zeros(3))\nlin = torch.nn.Linear(3, 3)\n"
+          "lin.weight = w2 = torch.nn.Parameter(torch.ones(3, 3))\n"
+          "sparse = torch.eye(3).to_sparse()")
     c.assert_in_sync()
     sb = c.sb
     assert isinstance(sb["w"], torch.nn.Parameter) and sb["lin"].weight is sb["w2"]
@@ -697,7 +698,8 @@ def test_unpicklable_values_are_reported_and_become_placeholders(tmp_path):
     assert reasons["lock"] == "locks cannot be replicated"
     assert "lock" in reasons["holder"] and "sockets" in reasons["sock"]
     msg = [p for p in problems if p.name == "f"][0].message()
-    assert msg == "nbos: cannot replicate 'f' (TextIOWrapper): open file objects cannot be replicated"
+    assert msg == ("nbos: cannot replicate 'f' (TextIOWrapper): "
+                   "open file objects cannot be replicated")
     assert names_set(d) == ["ok", "threading"]
     sb = c.sb
     assert sb["ok"] == 42
@@ -736,7 +738,7 @@ def test_unpicklable_values_are_reported_and_become_placeholders(tmp_path):
 
 def test_snapshot_restore_equals_incremental_and_keeps_tokens():
     torch = pytest.importorskip("torch")
-    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pandas")
     c = Cluster(threshold=1024)
     for code in TORCH_CELLS:
         c.run(code)

@@ -1,0 +1,944 @@
+#!/usr/bin/python3
+"""Replication cost of a distributed nbos kernel (three `nbos replica` processes, one Raft group),
+each number beside a baseline measured in the same run.
+
+  1. small-state sync   `x = i; lst.append(i)` run N times, with a sticky executor (always
+                        replica 1) and a rotating one (1, 2, 3, 1, ...): p50/p90/p99 of the
+                        executor's `commit` timing and of the round trip (request sent ->
+                        executor's execute_reply received). Baseline: the same cells on the
+                        standalone `nbos kernel`, interleaved with the replicated ones.
+                        Design target: commit p99 <= 5 ms.
+  2. large-object sync  a cell creating 8 x 32 MiB float32 tensors (256 MiB), repeated 3 times
+                        with fresh content, then a cell re-binding the SAME tensors (dedup), on
+                        the directory blob store (in /tmp) and on Redis (a private redis-server).
+                        Reported: executor sync time and MB/s, standby time until applied and
+                        MB/s. Baselines: numpy .tofile() of the same bytes to the same
+                        filesystem, pickle.dumps of the same tensors, sha256 of the bytes and (for
+                        Redis) a raw SET of the bytes. Target: >= 500 MB/s to the directory store.
+  3. per-cell overhead  round trip of `pass` on the replicated kernel vs the standalone kernel.
+
+How the large-object numbers are derived (the executor's `nbos.timings_ms` are elect / run /
+commit; standbys report elect / follow):
+  * body      the cell's own code, timed inside the cell and printed (creating the tensors);
+  * exec sync = (run - body) + commit: computing the namespace delta and writing its buffers to
+              the blob store (this build does that at the end of `run`, in nbos_engine's
+              _end_sync, NOT inside `commit`), plus committing the delta and ExecDone via Raft;
+  * standby ready = (standby reply received - executor reply received) + exec sync: from the end
+              of the cell body on the executor until the standby has fetched and applied the delta.
+MB = 2**20 bytes throughout.
+
+Run from the repository root with Debian's Python (it has jupyter_client, numpy and torch):
+
+    /usr/bin/python3 bench/replication_bench.py [--quick] [--json out.json]
+
+Exit status: 0 on success (targets missed are reported, not fatal); 1 if a replica or kernel
+dies, times out or a cell fails; 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import pickle
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from queue import Empty
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MB = float(1 << 20)
+
+COMMIT_P99_TARGET_MS = 5.0
+DIR_STORE_TARGET_MBPS = 500.0
+
+
+class BenchError(RuntimeError):
+    """A replica or kernel misbehaved (died, timed out, a cell failed)."""
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def percentile(sorted_values, p):
+    """Linear-interpolated percentile (numpy's default) of sorted data."""
+    if not sorted_values:
+        return float("nan")
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    rank = (p / 100.0) * (len(sorted_values) - 1)
+    lo = int(rank)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
+
+
+def summarize(values_ms):
+    s = sorted(v for v in values_ms if v is not None)
+    if not s:
+        return {"n": 0}
+    return {
+        "n": len(s),
+        "p50": percentile(s, 50),
+        "p90": percentile(s, 90),
+        "p99": percentile(s, 99),
+        "mean": sum(s) / len(s),
+        "min": s[0],
+        "max": s[-1],
+    }
+
+
+def tail(path, n=3000):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            text = f.read().decode("utf-8", "replace")
+        return text if text.strip() else "<empty>"
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mbps(nbytes, ms):
+    return nbytes / MB / (ms / 1e3) if ms and ms > 0 else float("nan")
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def import_test_module(nbos):
+    """tests/replication/test_replicated_kernel.py (Group, Replica, free_port_pair)."""
+    os.environ["NBOS_BIN"] = nbos
+    sys.path.insert(0, str(ROOT / "tests" / "replication"))
+    try:
+        import test_replicated_kernel as T  # also imports tests/conftest.py (installs a kernelspec)
+    except ImportError as e:
+        raise BenchError(f"cannot import tests/replication/test_replicated_kernel.py: {e}"
+                         f" (run with /usr/bin/python3, which has pytest and jupyter_client)")
+    return T
+
+
+class Endpoint:
+    """One kernel process and its client, as the measuring code sees it."""
+
+    def __init__(self, label, rid, proc, client, stderr_path):
+        self.label, self.id, self.proc, self.client, self.stderr_path = (
+            label, rid, proc, client, stderr_path)
+
+    def check_alive(self):
+        rc = self.proc.poll()
+        if rc is not None:
+            raise BenchError(f"{self.label} died (exit status {rc})\n"
+                             f"--- tail of {self.stderr_path} ---\n{tail(self.stderr_path)}")
+
+
+def make_group_class(T):
+    class BenchGroup(T.Group):
+        """The test suite's Group (it starts its replicas in __init__), with a chosen blob store.
+        If a replica fails to start, the ones already started are killed and BenchError says
+        why. close() also removes the group's directory unless keep=True."""
+
+        def __init__(self, store_url=None, keep=False):
+            self._store_override = store_url
+            self._keep = keep
+            try:
+                super().__init__()
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+                logs = ""
+                for r in getattr(self, "replicas", {}).values():
+                    rc = r.proc.poll() if r.proc is not None else "not started"
+                    logs += (f"--- replica {r.id} (exit status {rc}): tail of {r.dir}/stderr.log"
+                             f" ---\n{tail(os.path.join(r.dir, 'stderr.log'))}\n")
+                with contextlib.suppress(Exception):
+                    self.close()
+                raise BenchError(f"the replica group did not start ({why})\n{logs}") from None
+
+        # Group.__init__ assigns the directory store's URL; an override wins.
+        @property
+        def store_url(self):
+            return self._store_override or self._default_store_url
+
+        @store_url.setter
+        def store_url(self, value):
+            self._default_store_url = value
+
+        def endpoints(self):
+            return {r.id: Endpoint(f"replica {r.id}", r.id, r.proc, r.client,
+                                   os.path.join(r.dir, "stderr.log"))
+                    for r in self.replicas.values()}
+
+        def close(self):
+            for r in getattr(self, "replicas", {}).values():
+                if r.proc is not None and r.proc.poll() is None:
+                    r.proc.kill()
+                    r.proc.wait()
+                if r.client is not None:
+                    with contextlib.suppress(Exception):
+                        r.client.stop_channels()
+                    r.client = None
+            if not self._keep and getattr(self, "dir", None):
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    return BenchGroup
+
+
+class Standalone:
+    """`nbos kernel -f CONN`: the same binary without replication."""
+
+    def __init__(self, parent_dir):
+        self.dir = tempfile.mkdtemp(prefix="standalone-", dir=parent_dir)
+        self.proc = None
+        self.client = None
+        self.stderr_path = os.path.join(self.dir, "stderr.log")
+
+    def start(self, nbos, timeout):
+        from jupyter_client import BlockingKernelClient
+        from jupyter_client.connect import write_connection_file
+
+        cf = os.path.join(self.dir, "kernel.json")
+        write_connection_file(cf, key=uuid.uuid4().hex.encode())
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen([nbos, "kernel", "-f", cf, "--log-level", "warn"],
+                                         stdout=subprocess.DEVNULL, stderr=err, cwd=self.dir)
+        self.client = BlockingKernelClient(connection_file=cf)
+        self.client.load_connection_file()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=timeout)
+        except Exception as e:
+            raise BenchError(f"standalone kernel did not become ready ({e}; exit status"
+                             f" {self.proc.poll()})\n--- tail of {self.stderr_path} ---\n"
+                             f"{tail(self.stderr_path)}") from None
+        return self
+
+    def endpoints(self):
+        return {0: Endpoint("standalone kernel", 0, self.proc, self.client, self.stderr_path)}
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.stop_channels()
+
+
+class RedisServer:
+    def __init__(self, binary, parent_dir):
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="redis-", dir=parent_dir)
+        self.log_path = os.path.join(self.dir, "redis.log")
+        self.port = None
+        self.proc = None
+
+    def start(self, timeout=20.0):
+        if not os.access(self.binary, os.X_OK):
+            raise BenchError(f"redis-server not found at {self.binary} (use --redis-server or"
+                             " --stores dir)")
+        self.port = free_port()
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                 "--bind", "127.0.0.1", "--dir", self.dir],
+                stdout=logf, stderr=subprocess.STDOUT, cwd=self.dir)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if self.command(b"PING") == b"+PONG\r\n":
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise BenchError(f"redis-server on port {self.port} did not start (exit status"
+                         f" {self.proc.poll()})\n--- tail of {self.log_path} ---\n"
+                         f"{tail(self.log_path)}")
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _conn(self):
+        return socket.create_connection(("127.0.0.1", self.port), timeout=60)
+
+    def command(self, *args):
+        """Sends one command (RESP), returns the raw first reply line."""
+        with self._conn() as s:
+            s.sendall(resp(*args))
+            return _read_line(s)
+
+    def set_many(self, items):
+        """Raw SET of each (key, buffer) on one connection; what the store's writes cost at least."""
+        with self._conn() as s:
+            for key, data in items:
+                mv = memoryview(data).cast("B")
+                s.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, mv.nbytes))
+                s.sendall(mv)
+                s.sendall(b"\r\n")
+                line = _read_line(s)
+                if not line.startswith(b"+OK"):
+                    raise BenchError(f"redis SET failed: {line!r}")
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def resp(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def _read_line(s):
+    buf = b""
+    while not buf.endswith(b"\r\n"):
+        chunk = s.recv(1)
+        if not chunk:
+            raise OSError("connection closed")
+        buf += chunk
+    return buf
+
+
+# --------------------------------------------------------------------------- one cell
+
+
+class Cell:
+    """The outcome of one execute_request sent to every endpoint of a kernel."""
+
+    def __init__(self, t_send, arrivals, replies, stdout):
+        self.t_send = t_send
+        self.arrivals = arrivals  # id -> perf_counter() when the execute_reply arrived
+        self.replies = replies    # id -> execute_reply message
+        self.stdout = stdout      # executor's stdout text
+
+    def rtt_ms(self, rid):
+        return (self.arrivals[rid] - self.t_send) * 1e3
+
+    def all_ms(self):
+        return (max(self.arrivals.values()) - self.t_send) * 1e3
+
+    def timings(self, rid):
+        t = self.replies[rid]["metadata"].get("nbos", {}).get("timings_ms")
+        if t is None:
+            raise BenchError("execute_reply metadata has no nbos.timings_ms: this nbos binary"
+                             " predates the per-hop timings (rebuild it)")
+        return t
+
+
+def run_cell(endpoints, code, target, timeout, store_history=True):
+    """Sends `code` to every endpoint (target: the executor's replica id, or None for the
+    standalone kernel), times each execute_reply's arrival, then drains iopub up to idle."""
+    import zmq
+
+    exec_id = uuid.uuid4().hex
+    content = {"code": code, "silent": False, "store_history": store_history,
+               "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msgs = {}
+    for rid, ep in endpoints.items():
+        m = ep.client.session.msg("execute_request", content)
+        if target is not None:
+            m["metadata"] = {"nbos": {"exec_id": exec_id, "target_replica": target}}
+        msgs[rid] = m
+    poller = zmq.Poller()
+    by_socket = {}
+    for rid, ep in endpoints.items():
+        sock = ep.client.shell_channel.socket
+        poller.register(sock, zmq.POLLIN)
+        by_socket[sock] = rid
+
+    t_send = time.perf_counter()
+    for rid, ep in endpoints.items():
+        ep.client.shell_channel.send(msgs[rid])
+    deadline = t_send + timeout
+    arrivals, replies = {}, {}
+    while len(replies) < len(endpoints):
+        events = poller.poll(200)
+        now = time.perf_counter()
+        for sock, _ in events:
+            rid = by_socket[sock]
+            ep = endpoints[rid]
+            while True:
+                try:
+                    msg = ep.client.get_shell_msg(timeout=0)
+                except Empty:
+                    break
+                if msg["parent_header"].get("msg_id") == msgs[rid]["header"]["msg_id"]:
+                    arrivals[rid], replies[rid] = now, msg
+                    poller.unregister(sock)
+                    break
+        for rid, ep in endpoints.items():
+            if rid not in replies:
+                ep.check_alive()
+        if now > deadline and len(replies) < len(endpoints):
+            missing = [endpoints[r].label for r in endpoints if r not in replies]
+            raise BenchError(
+                f"timed out after {timeout:.0f}s waiting for execute_reply from"
+                f" {', '.join(missing)} to {code[:120]!r}\n" + "".join(
+                    f"--- tail of {endpoints[r].stderr_path} ---\n"
+                    f"{tail(endpoints[r].stderr_path, 1500)}\n" for r in endpoints
+                    if r not in replies))
+
+    # iopub: up to idle on every endpoint; the executor's stdout is kept.
+    stdout, errors = [], []
+    executor = target if target is not None else next(iter(endpoints))
+    for rid, ep in endpoints.items():
+        want = msgs[rid]["header"]["msg_id"]
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise BenchError(f"timed out waiting for iopub idle from {ep.label}")
+            try:
+                m = ep.client.get_iopub_msg(timeout=min(0.2, left))
+            except Empty:
+                ep.check_alive()
+                continue
+            if m["parent_header"].get("msg_id") != want:
+                continue
+            t = m["msg_type"]
+            if t == "stream" and rid == executor:
+                stdout.append(m["content"].get("text", ""))
+            elif t == "error":
+                errors.append(m["content"])
+            elif t == "status" and m["content"].get("execution_state") == "idle":
+                break
+
+    for rid, r in replies.items():
+        c = r["content"]
+        if c.get("status") != "ok":
+            tb = "\n".join(c.get("traceback", []))[-2000:]
+            raise BenchError(f"{endpoints[rid].label}: cell {code[:120]!r} failed:"
+                             f" {c.get('ename')}: {c.get('evalue')}\n{tb}\n"
+                             f"--- tail of {endpoints[rid].stderr_path} ---\n"
+                             f"{tail(endpoints[rid].stderr_path, 1500)}")
+        if target is not None:
+            nb = r["metadata"].get("nbos", {})
+            want_role = "executor" if rid == target else "standby"
+            if nb.get("executor") != target or nb.get("role") != want_role:
+                raise BenchError(f"{endpoints[rid].label}: expected executor {target}, got"
+                                 f" metadata {nb}")
+    return Cell(t_send, arrivals, replies, "".join(stdout))
+
+
+def check_converged(group):
+    """Per-name digests equal on every replica (not timed)."""
+    digests = {r.id: r.digests() for r in group.live()}
+    ref = digests[min(digests)]
+    bad = sorted({k for d in digests.values() for k in set(d) | set(ref)
+                  if any(d.get(k) != ref.get(k) for d in digests.values())})
+    return (not bad), bad
+
+
+# --------------------------------------------------------------------------- phase 1 & 3
+
+
+def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeout, modes):
+    """Interleaves the replicated kernel (per mode) with the standalone kernel."""
+    out = {}
+    for mode in modes:
+        if setup:
+            run_cell(group_eps, setup, 1, timeout)
+            run_cell(standalone_eps, setup, None, timeout)
+        rows = []
+        base = []
+        t0 = time.perf_counter()
+        for i in range(warmup + n):
+            target = 1 if mode == "sticky" else 1 + i % 3
+            code = make_code(i)
+            for which in (("group", "standalone") if i % 2 == 0 else ("standalone", "group")):
+                if which == "group":
+                    c = run_cell(group_eps, code, target, timeout)
+                    t = c.timings(target)
+                    stand = [c.timings(r) for r in group_eps if r != target]
+                    row = {
+                        "target": target,
+                        "rtt_ms": c.rtt_ms(target),
+                        "all_replied_ms": c.all_ms(),
+                        "elect_ms": t.get("elect"),
+                        "run_ms": t.get("run"),
+                        "commit_ms": t.get("commit"),
+                        "standby_follow_ms": max(s.get("follow", float("nan")) for s in stand),
+                    }
+                else:
+                    c = run_cell(standalone_eps, code, None, timeout)
+                    row = None
+                    base_rtt = c.rtt_ms(0)
+                if i >= warmup:
+                    if row is not None:
+                        rows.append(row)
+                    else:
+                        base.append(base_rtt)
+        log(f"  {mode:<8} {warmup} warm-up + {n} measured cells (x2 kernels) in"
+            f" {time.perf_counter() - t0:.1f}s")
+        res = {"samples": rows, "standalone_rtt_ms": base}
+        for key in ("rtt_ms", "all_replied_ms", "elect_ms", "run_ms", "commit_ms",
+                    "standby_follow_ms"):
+            res[key] = summarize([r[key] for r in rows])
+        res["standalone"] = summarize(base)
+        if mode == "rotating":
+            res["by_target"] = {
+                str(t): {k: summarize([r[k] for r in rows if r["target"] == t])
+                         for k in ("commit_ms", "rtt_ms", "standby_follow_ms")}
+                for t in sorted({r["target"] for r in rows})}
+        out[mode] = res
+    return out
+
+
+# --------------------------------------------------------------------------- phase 2
+
+
+BODY_RE = re.compile(r"NBOS_BENCH_BODY_MS=([0-9.]+)")
+
+
+def large_cells(count, tensor_mb):
+    rows = tensor_mb * 256  # rows x 1024 float32 = tensor_mb MiB
+    create = ("_t0 = time.perf_counter()\n"
+              f"ws = [torch.randn({rows}, 1024) for _ in range({count})]\n"
+              "print('NBOS_BENCH_BODY_MS=%.3f' % ((time.perf_counter() - _t0) * 1e3))")
+    rebind = ("_t0 = time.perf_counter()\n"
+              "ws = list(ws)\n"
+              "print('NBOS_BENCH_BODY_MS=%.3f' % ((time.perf_counter() - _t0) * 1e3))")
+    return create, rebind
+
+
+def large_sample(cell, executor, nbytes):
+    m = BODY_RE.search(cell.stdout)
+    if m is None:
+        raise BenchError(f"the cell did not print its body time; stdout: {cell.stdout[:300]!r}")
+    body = float(m.group(1))
+    t = cell.timings(executor)
+    exec_sync = max(0.0, t["run"] - body) + t["commit"]
+    standbys = {}
+    for rid, reply in cell.replies.items():
+        if rid == executor:
+            continue
+        st = cell.timings(rid)
+        lag = (cell.arrivals[rid] - cell.arrivals[executor]) * 1e3
+        standbys[rid] = {"follow_ms": st.get("follow"), "elect_ms": st.get("elect"),
+                         "lag_after_executor_reply_ms": lag, "ready_ms": lag + exec_sync}
+    ready = max(s["ready_ms"] for s in standbys.values())
+    return {
+        "bytes": nbytes,
+        "body_ms": body,
+        "run_ms": t["run"],
+        "commit_ms": t["commit"],
+        "elect_ms": t["elect"],
+        "exec_sync_ms": exec_sync,
+        "exec_sync_mbps": mbps(nbytes, exec_sync),
+        "commit_only_mbps": mbps(nbytes, t["commit"]),
+        "rtt_ms": cell.rtt_ms(executor),
+        "all_replied_ms": cell.all_ms(),
+        "standby_follow_ms": max(s["follow_ms"] for s in standbys.values()),
+        "standby_ready_ms": ready,
+        "standby_mbps": mbps(nbytes, ready),
+        "standbys": standbys,
+    }
+
+
+def baselines(tensors, nbytes, scratch_dir, redis):
+    """The same bytes written with numpy .tofile(), pickled, hashed, and (Redis) SET raw."""
+    res = {}
+    paths = [os.path.join(scratch_dir, f"baseline-{i}.f32") for i in range(len(tensors))]
+    arrays = [t.numpy() for t in tensors]
+    t0 = time.perf_counter()
+    for a, p in zip(arrays, paths):
+        a.tofile(p)
+    res["tofile_ms"] = (time.perf_counter() - t0) * 1e3
+    for p in paths:
+        os.unlink(p)
+    t0 = time.perf_counter()
+    data = pickle.dumps(tensors, protocol=pickle.HIGHEST_PROTOCOL)
+    res["pickle_ms"] = (time.perf_counter() - t0) * 1e3
+    res["pickle_bytes"] = len(data)
+    del data
+    t0 = time.perf_counter()
+    for a in arrays:
+        hashlib.sha256(memoryview(a).cast("B")).digest()
+    res["sha256_ms"] = (time.perf_counter() - t0) * 1e3
+    if redis is not None:
+        keys = [b"nbos-bench-baseline-%d" % i for i in range(len(arrays))]
+        t0 = time.perf_counter()
+        redis.set_many(list(zip(keys, arrays)))
+        res["redis_set_ms"] = (time.perf_counter() - t0) * 1e3
+        redis.command(b"DEL", *keys)
+    for k in list(res):
+        if k.endswith("_ms"):
+            res[k.replace("_ms", "_mbps")] = mbps(nbytes, res[k])
+    return res
+
+
+def phase_large(group, store_label, args, scratch_dir, redis, bench_tensors):
+    eps = group.endpoints()
+    t_big = args.large_timeout
+    count, tensor_mb = args.large_tensors, args.large_mb // args.large_tensors
+    nbytes = count * tensor_mb * (1 << 20)
+    create, rebind = large_cells(count, tensor_mb)
+    run_cell(eps, "import time\nimport torch", 1, t_big)  # imports are not what we measure
+    # Warm-up: one small round through the same code paths (4 MiB).
+    run_cell(eps, "ws = [torch.randn(1024, 1024)]", 1, t_big)
+    run_cell(eps, "del ws", 1, t_big)
+
+    reps = []
+    converged = None
+    for rep in range(args.repeats):
+        t0 = time.perf_counter()
+        c = run_cell(eps, create, 1, t_big)
+        new = large_sample(c, 1, nbytes)
+        if converged is None:  # once per store: did the standbys really get the tensors?
+            ok, bad = check_converged(group)
+            converged = {"ok": ok, "differing_names": bad}
+            if not ok:
+                log(f"  WARNING: {store_label}: namespaces differ after the large cell: {bad}")
+        same = large_sample(run_cell(eps, rebind, 1, t_big), 1, nbytes)
+        other = large_sample(run_cell(eps, rebind, 2, t_big), 2, nbytes)
+        run_cell(eps, "del ws", 1, t_big)
+        base = baselines(bench_tensors, nbytes, scratch_dir, redis)
+        reps.append({"new": new, "dedup_same_executor": same, "dedup_other_executor": other,
+                     "baselines": base})
+        log(f"  {store_label:<5} repeat {rep + 1}/{args.repeats}: new {new['exec_sync_ms']:.0f} ms"
+            f" exec sync, standby ready {new['standby_ready_ms']:.0f} ms;"
+            f" dedup {same['exec_sync_ms']:.0f} ms ({time.perf_counter() - t0:.1f}s)")
+    return {"store_url": group.store_url, "bytes": nbytes, "tensors": count,
+            "tensor_mb": tensor_mb, "repeats": reps, "converged": converged}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(headers, rows, left=(0,)):
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines = [fmt(headers), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in rows]
+    return "\n".join(lines)
+
+
+def f(x, digits=2):
+    if x is None or x != x:
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def med(values):
+    s = sorted(v for v in values if v is not None)
+    return percentile(s, 50) if s else float("nan")
+
+
+def report(res):
+    out = []
+    meta = res["meta"]
+    out.append(f"nbos {meta['nbos']}; {meta['cpus']} CPUs; python {meta['python']};"
+               f" N={meta['iterations']} (+{meta['warmup']} warm-up) per series,"
+               f" interleaved with the standalone kernel")
+
+    # 1
+    s = res.get("small_state")
+    if s:
+        out.append("\n1. Small-state sync: `x = i; lst.append(i)`  (ms; rtt = request sent ->"
+                   " executor's execute_reply)")
+        rows = []
+        for mode, r in s.items():
+            def add(label, st, note=""):
+                rows.append([label, str(st.get("n", 0)), f(st.get("p50")), f(st.get("p90")),
+                             f(st.get("p99")), f(st.get("mean")), f(st.get("max")), note])
+            p99 = r["commit_ms"].get("p99", float("nan"))
+            verdict = "target p99<=5: " + ("MET" if p99 <= COMMIT_P99_TARGET_MS else "MISSED")
+            add(f"{mode}: executor commit", r["commit_ms"], verdict)
+            add(f"{mode}: executor elect", r["elect_ms"])
+            add(f"{mode}: executor run", r["run_ms"])
+            add(f"{mode}: rtt replicated", r["rtt_ms"])
+            add(f"{mode}: rtt standalone (baseline)", r["standalone"])
+            ratio = r["rtt_ms"]["p50"] / r["standalone"]["p50"]
+            rows[-2][-1] = f"p50 {ratio:.2f}x standalone"
+            add(f"{mode}: all 3 replied", r["all_replied_ms"])
+            add(f"{mode}: standby follow (max)", r["standby_follow_ms"])
+            for tgt, b in r.get("by_target", {}).items():
+                add(f"{mode}: commit, executor={tgt}", b["commit_ms"])
+            for tgt, b in r.get("by_target", {}).items():
+                add(f"{mode}: rtt, executor={tgt}", b["rtt_ms"])
+        out.append(table(["series", "n", "p50", "p90", "p99", "mean", "max", ""], rows,
+                         left=(0, 7)))
+
+    # 2
+    L = res.get("large_object")
+    if L:
+        any_store = next(iter(L.values()))
+        out.append(f"\n2. Large-object sync: {any_store['tensors']} x {any_store['tensor_mb']} MiB"
+                   f" float32 tensors = {any_store['bytes'] / MB:.0f} MB per cell, median of"
+                   f" {len(any_store['repeats'])} (min-max); MB = 2^20 B")
+        rows = []
+        for store, r in L.items():
+            reps = r["repeats"]
+            nb = r["bytes"]
+
+            def rng(vals):
+                vals = [v for v in vals if v is not None]
+                return f"{f(med(vals), 0)} ({f(min(vals), 0)}-{f(max(vals), 0)})"
+
+            for key, label in (("new", "new tensors"),
+                               ("dedup_same_executor", "same tensors re-bound (dedup)"),
+                               ("dedup_other_executor", "same, re-bound on replica 2")):
+                xs = [x[key] for x in reps]
+                es = [x["exec_sync_ms"] for x in xs]
+                cs = [x["commit_ms"] for x in xs]
+                rs = [x["standby_ready_ms"] for x in xs]
+                fo = [x["standby_follow_ms"] for x in xs]
+                note = ""
+                if key == "new" and store == "dir":
+                    note = ("target >=500 MB/s: " +
+                            ("MET" if mbps(nb, med(es)) >= DIR_STORE_TARGET_MBPS else "MISSED"))
+                rows.append([f"{store}: {label}", rng([x["body_ms"] for x in xs]),
+                             rng(es), f(mbps(nb, med(es)), 0), rng(cs), f(mbps(nb, med(cs)), 0),
+                             rng(fo), rng(rs), f(mbps(nb, med(rs)), 0), note])
+            for key, label in (("tofile", "baseline: numpy .tofile() (same fs)"),
+                               ("pickle", "baseline: pickle.dumps(tensors)"),
+                               ("sha256", "baseline: sha256 of the bytes"),
+                               ("redis_set", "baseline: raw redis SET")):
+                vals = [x["baselines"].get(key + "_ms") for x in reps]
+                if all(v is None for v in vals):
+                    continue
+                rows.append([f"{store}: {label}", "", rng(vals), f(mbps(nb, med(vals)), 0),
+                             "", "", "", "", "", ""])
+            conv = r.get("converged") or {}
+            if conv and not conv.get("ok"):
+                rows.append([f"{store}: NAMESPACES DIFFER: {conv.get('differing_names')}"] +
+                            [""] * 9)
+        out.append(table(["store: cell", "body ms", "exec sync ms", "MB/s", "commit ms",
+                          "MB/s", "standby follow ms", "standby ready ms", "MB/s", ""],
+                         rows, left=(0, 9)))
+        out.append("   body = the cell's own code; exec sync = (run - body) + commit = delta +"
+                   " blob writes + Raft;\n   commit = the executor's `commit` timing alone"
+                   " (blob writes happen before it, in `run`);\n   standby ready = end of the"
+                   " cell body on the executor -> standby has applied (see --help).")
+
+    # 3
+    o = res.get("overhead")
+    if o:
+        out.append("\n3. Per-cell overhead: `pass`  (ms, request sent -> executor's"
+                   " execute_reply)")
+        rows = []
+        for mode, r in o.items():
+            a, b = r["rtt_ms"], r["standalone"]
+            rows.append([f"replicated ({mode})", str(a["n"]), f(a["p50"]), f(a["mean"]),
+                         f(a["p99"]), f"{a['p50'] / b['p50']:.2f}x",
+                         f"{a['mean'] / b['mean']:.2f}x", f(r["commit_ms"]["p50"]),
+                         f(r["elect_ms"]["p50"]), f(r["all_replied_ms"]["p50"])])
+            rows.append([f"standalone (interleaved w/ {mode})", str(b["n"]), f(b["p50"]),
+                         f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", ""])
+        out.append(table(["kernel", "n", "p50", "mean", "p99", "p50 ratio", "mean ratio",
+                          "commit p50", "elect p50", "all 3 replied p50"], rows))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--nbos", default=str(ROOT / "build" / "bin" / "nbos"),
+                   help="nbos binary (default build/bin/nbos)")
+    p.add_argument("--quick", action="store_true",
+                   help="short run: 30 cells per series, 3 warm-up, 64 MB x 1 repeat"
+                        " (explicit flags win)")
+    p.add_argument("--iterations", type=int, help="measured cells per series (default 200)")
+    p.add_argument("--warmup", type=int, help="warm-up cells per series (default 10)")
+    p.add_argument("--large-mb", type=int, help="MB per large cell (default 256)")
+    p.add_argument("--large-tensors", type=int, default=8, help="tensors per large cell (8)")
+    p.add_argument("--repeats", type=int, help="large-cell repeats per store (default 3)")
+    p.add_argument("--stores", default="dir,redis", help="blob stores: dir,redis")
+    p.add_argument("--phases", default="small,large,overhead",
+                   help="comma-separated subset of small,large,overhead")
+    p.add_argument("--redis-server", default="/usr/bin/redis-server")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="per-request timeout for small cells, seconds (60)")
+    p.add_argument("--large-timeout", type=float, default=600.0,
+                   help="per-request timeout for large cells, seconds (600)")
+    p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores)")
+    a = p.parse_args(argv)
+    q = a.quick
+    a.iterations = a.iterations if a.iterations is not None else (30 if q else 200)
+    a.warmup = a.warmup if a.warmup is not None else (3 if q else 10)
+    a.large_mb = a.large_mb if a.large_mb is not None else (64 if q else 256)
+    a.repeats = a.repeats if a.repeats is not None else (1 if q else 3)
+    a.stores = [s.strip() for s in a.stores.split(",") if s.strip()]
+    a.phases = [s.strip() for s in a.phases.split(",") if s.strip()]
+    if any(s not in ("dir", "redis") for s in a.stores):
+        p.error("--stores: choose from dir, redis")
+    if any(s not in ("small", "large", "overhead") for s in a.phases):
+        p.error("--phases: choose from small, large, overhead")
+    if a.iterations < 1 or a.warmup < 0 or a.repeats < 1 or a.large_tensors < 1:
+        p.error("iterations, repeats and large-tensors must be >= 1, warmup >= 0")
+    if a.large_mb % a.large_tensors or a.large_mb < a.large_tensors:
+        p.error("--large-mb must be a positive multiple of --large-tensors")
+    return a
+
+
+def run(args, workdir):
+    nbos = os.path.abspath(args.nbos)
+    if not (os.path.isfile(nbos) and os.access(nbos, os.X_OK)):
+        raise BenchError(f"nbos binary not found or not executable: {nbos}")
+    os.environ["IPYTHONDIR"] = os.path.join(workdir, "ipython")  # before conftest's setdefault
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    T = import_test_module(nbos)
+    BenchGroup = make_group_class(T)
+    import jupyter_client
+
+    res = {"meta": {
+        "nbos": nbos, "python": platform.python_version(), "python_executable": sys.executable,
+        "jupyter_client": jupyter_client.__version__, "cpus": os.cpu_count(),
+        "host": platform.node(), "iterations": args.iterations, "warmup": args.warmup,
+        "large_mb": args.large_mb, "large_tensors": args.large_tensors,
+        "repeats": args.repeats, "stores": args.stores, "phases": args.phases,
+        "unix_time": time.time(),
+        "definitions": {
+            "rtt": "execute_request sent (to all replicas) -> the executor's execute_reply"
+                   " received; iopub drained afterwards, untimed",
+            "commit": "executor's nbos.timings_ms.commit",
+            "exec_sync": "(run - body) + commit, body timed inside the cell",
+            "standby_ready": "(standby reply - executor reply) + exec_sync",
+        }}}
+    standalone = group = redis = None
+    cleanup = []
+    try:
+        need_standalone = "small" in args.phases or "overhead" in args.phases
+        need_dir_group = need_standalone or ("large" in args.phases and "dir" in args.stores)
+        if need_standalone:
+            standalone = Standalone(workdir)
+            cleanup.append(standalone.close)
+            standalone.start(nbos, args.timeout)
+        if need_dir_group:
+            group = BenchGroup(keep=args.keep)
+            cleanup.append(group.close)
+            log(f"replicas up: {group.addresses}, store {group.store_url}")
+        if need_standalone:
+            seps, geps = standalone.endpoints(), group.endpoints()
+        if "small" in args.phases:
+            log("1. small-state sync")
+            res["small_state"] = phase_latency(
+                geps, seps, lambda i: f"x = {i}\nlst.append({i})", "lst = []",
+                args.iterations, args.warmup, args.timeout, ("sticky", "rotating"))
+            ok, bad = check_converged(group)
+            res["small_state_converged"] = {"ok": ok, "differing_names": bad}
+            if not ok:
+                log(f"  WARNING: namespaces differ after the small cells: {bad}")
+        if "overhead" in args.phases:
+            log("3. per-cell overhead (pass)")
+            res["overhead"] = phase_latency(geps, seps, lambda i: "pass", None,
+                                            args.iterations, args.warmup, args.timeout,
+                                            ("sticky", "rotating"))
+        if standalone is not None:
+            standalone.close()
+        if "large" in args.phases:
+            import torch
+
+            log(f"2. large-object sync ({args.large_mb} MB per cell)")
+            per = args.large_mb // args.large_tensors
+            bench_tensors = [torch.randn(per * 256, 1024) for _ in range(args.large_tensors)]
+            res["large_object"] = {}
+            for store in args.stores:
+                if store == "dir":
+                    res["large_object"]["dir"] = phase_large(group, "dir", args, group.dir,
+                                                             None, bench_tensors)
+                    group.close()
+                    group = None
+                else:
+                    if group is not None:
+                        group.close()
+                        group = None
+                    redis = RedisServer(args.redis_server, workdir)
+                    cleanup.append(redis.close)
+                    redis.start()
+                    log(f"redis-server on port {redis.port}")
+                    group = BenchGroup(store_url=redis.url, keep=args.keep)
+                    cleanup.append(group.close)
+                    res["large_object"]["redis"] = phase_large(group, "redis", args, group.dir,
+                                                               redis, bench_tensors)
+                    group.close()
+                    redis.close()
+            del bench_tensors
+        return res
+    finally:
+        for fn in reversed(cleanup):
+            with contextlib.suppress(Exception):
+                fn()
+        # tests/conftest.py installed a kernelspec into a temporary prefix at import.
+        ks = sys.modules.get("conftest")
+        if ks is not None and getattr(ks, "KERNELSPEC_DIR", None):
+            shutil.rmtree(os.path.dirname(os.path.dirname(ks.KERNELSPEC_DIR)),
+                          ignore_errors=True)
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        import jupyter_client  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError:
+        print(f"error: jupyter_client/zmq not importable by {sys.executable};"
+              " run with /usr/bin/python3", file=sys.stderr)
+        return 1
+
+    def on_term(signum, frame):
+        raise SystemExit(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    workdir = tempfile.mkdtemp(prefix="nbos-replbench-")
+    ok = False
+    try:
+        t0 = time.perf_counter()
+        res = run(args, workdir)
+        res["meta"]["wall_s"] = time.perf_counter() - t0
+        print()
+        print(report(res))
+        print(f"\n(total {res['meta']['wall_s']:.0f}s)")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(res, fh, indent=1, default=str)
+            print(f"wrote {args.json}")
+        ok = True
+        return 0
+    except BenchError as e:
+        print(f"\nBENCHMARK FAILED: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"(work directory kept: {workdir})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
