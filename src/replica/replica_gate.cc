@@ -12,6 +12,26 @@ using namespace std::chrono_literals;
 
 // Outcomes and completions remembered for late or repeated requests.
 constexpr size_t kRemembered = 4096;
+
+// Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
+// (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
+// with "blobs": [[token, key], ...] and "oob": [key, ...]. Anything else yields no keys.
+std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
+  std::vector<std::string> keys;
+  if (delta.size() < 10 || delta.substr(0, 4) != "NBSD" || delta[4] != 1) return keys;
+  uint32_t len = 0;
+  for (int i = 3; i >= 0; --i) len = (len << 8) | static_cast<uint8_t>(delta[6 + i]);
+  if (len > delta.size() - 10) return keys;
+  Json header = Json::parse(delta.substr(10, len), nullptr, false);
+  if (!header.is_object()) return keys;
+  for (const auto& b : header.value("blobs", Json::array())) {
+    if (b.is_array() && b.size() == 2 && b[1].is_string()) keys.push_back(b[1]);
+  }
+  for (const auto& k : header.value("oob", Json::array())) {
+    if (k.is_string()) keys.push_back(k);
+  }
+  return keys;
+}
 }  // namespace
 
 ReplicaGate::ReplicaGate(const ReplicaOptions& options)
@@ -21,7 +41,8 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   std::unique_ptr<ReplicaGate> gate(new ReplicaGate(options));
   auto store = store::OpenBlobStore(options.blob_store_url);
   if (!store.ok()) return store.status();
-  gate->store_ = std::move(*store);
+  gate->store_ =
+      std::make_unique<store::PrefetchingBlobStore>(std::move(*store), options.prefetch_bytes);
   replication::RaftNodeOptions raft;
   raft.id = options.replica_id;
   raft.address = options.raft_address;
@@ -66,6 +87,15 @@ void ReplicaGate::OnAllYielded(const std::string& exec_id) {
 }
 void ReplicaGate::OnDelta(const std::string& exec_id, ReplicaId executor,
                           const std::string& payload) {
+  // Start downloading while the delta waits its turn, so applying it (or taking over after a
+  // failover) does not wait on the store.
+  if (executor != options_.replica_id) {
+    std::vector<std::string> keys = DeltaBlobKeys(payload);
+    if (!keys.empty()) {
+      spdlog::info("execution {}: prefetching {} blobs", exec_id, keys.size());
+      store_->Prefetch(keys);
+    }
+  }
   Enqueue({Event::Kind::kDelta, exec_id, executor, payload, {}, {}});
 }
 void ReplicaGate::OnSideEffect(const std::string& exec_id, const std::string& statement) {

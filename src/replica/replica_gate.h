@@ -19,6 +19,7 @@
 #include "replica/proposal_router.h"
 #include "replication/raft_node.h"
 #include "store/blob_store.h"
+#include "store/prefetching_blob_store.h"
 
 namespace nbos::replica {
 
@@ -36,6 +37,8 @@ struct ReplicaOptions {
   // The executor proposes a checkpoint of the whole namespace once this many journal records
   // (deltas, side effects) accumulated since the last one, so catch-up replays little.
   uint64_t checkpoint_every = 64;
+  // Memory for blobs fetched ahead of applying the deltas that need them.
+  size_t prefetch_bytes = size_t{2} << 30;
   unsigned snapshot_threshold = 1024;  // Raft entries between snapshots
 };
 
@@ -91,7 +94,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
                 const std::string& exec_id, jupyter::Json value);
 
   ReplicaOptions options_;
-  std::unique_ptr<store::BlobStore> store_;
+  std::unique_ptr<store::PrefetchingBlobStore> store_;
   KernelStateMachine machine_;
   std::unique_ptr<replication::RaftNode> node_;
   std::unique_ptr<ProposalRouter> router_;

@@ -229,6 +229,8 @@ def test_forced_targets_keep_namespaces_equal(group):
     group.assert_converged()
     results = group.execute("print(round(w, 5) == round(model[0].weight.sum().item(), 5))", 3)
     assert stream_text(check_cell(results, 3)[1]) == "True\n"
+    # `big` (2 MB) travelled through the blob store, fetched ahead by the standbys.
+    assert "prefetching" in group.replicas[1].stderr() + group.replicas[3].stderr()
 
 
 def test_errors_replicate_as_errors(group):

@@ -1,0 +1,104 @@
+#include "store/prefetching_blob_store.h"
+
+#include <algorithm>
+
+namespace nbos::store {
+
+PrefetchingBlobStore::PrefetchingBlobStore(std::unique_ptr<BlobStore> backing,
+                                           size_t max_cached_bytes)
+    : backing_(std::move(backing)), max_cached_bytes_(max_cached_bytes) {
+  worker_ = std::thread([this] { Work(); });
+}
+
+PrefetchingBlobStore::~PrefetchingBlobStore() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void PrefetchingBlobStore::Prefetch(const std::vector<std::string>& keys) {
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& k : keys) {
+      if (IsValidBlobKey(k) && cache_.count(k) == 0) queue_.push_back(k);
+    }
+  }
+  cv_.notify_all();
+}
+
+void PrefetchingBlobStore::Work() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    if (cache_.count(in_flight_) > 0) continue;
+    std::string key = in_flight_;
+    lock.unlock();
+    auto blob = backing_->Get(key);
+    lock.lock();
+    in_flight_.clear();
+    if (blob.ok() && blob->size() <= max_cached_bytes_) {
+      while (cached_bytes_ + blob->size() > max_cached_bytes_ && !cache_order_.empty()) {
+        auto oldest = cache_.find(cache_order_.front());
+        if (oldest != cache_.end()) {
+          cached_bytes_ -= oldest->second.size();
+          cache_.erase(oldest);
+        }
+        cache_order_.pop_front();
+      }
+      cached_bytes_ += blob->size();
+      cache_order_.push_back(key);
+      cache_.emplace(key, std::move(*blob));
+    }
+    cv_.notify_all();  // a Get may be waiting for this key
+  }
+}
+
+Result<std::string> PrefetchingBlobStore::Get(std::string_view key) {
+  {
+    std::unique_lock lock(mu_);
+    // Fetching the key right now: wait for it rather than read it a second time.
+    cv_.wait(lock, [&] { return in_flight_ != key || stopping_; });
+    auto it = cache_.find(std::string(key));
+    if (it != cache_.end()) {
+      std::string blob = std::move(it->second);
+      cached_bytes_ -= blob.size();
+      cache_.erase(it);
+      cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
+      ++hits_;
+      // Prefetched bytes were hashed by the backing store's Get when they were read.
+      return blob;
+    }
+  }
+  return backing_->Get(key);
+}
+
+Status PrefetchingBlobStore::Delete(std::string_view key) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = cache_.find(std::string(key));
+    if (it != cache_.end()) {
+      cached_bytes_ -= it->second.size();
+      cache_.erase(it);
+      cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
+    }
+  }
+  return backing_->Delete(key);
+}
+
+uint64_t PrefetchingBlobStore::hits() const {
+  std::lock_guard lock(mu_);
+  return hits_;
+}
+
+size_t PrefetchingBlobStore::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  return cached_bytes_;
+}
+
+}  // namespace nbos::store

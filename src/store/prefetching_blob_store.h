@@ -1,0 +1,60 @@
+// A BlobStore in front of another that can fetch blobs ahead of need: a standby replica asks for
+// the blobs of a delta as soon as the delta commits, so applying it (and a failover right after)
+// finds them in memory instead of waiting on the store.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "store/blob_store.h"
+
+namespace nbos::store {
+
+class PrefetchingBlobStore final : public BlobStore {
+ public:
+  // Holds at most `max_cached_bytes` of prefetched blobs; the oldest are dropped first.
+  PrefetchingBlobStore(std::unique_ptr<BlobStore> backing, size_t max_cached_bytes);
+  ~PrefetchingBlobStore() override;
+
+  // Fetches `keys` in the background, in order. Thread-safe; returns at once. Invalid or
+  // missing keys are skipped (the later Get reports them).
+  void Prefetch(const std::vector<std::string>& keys);
+
+  // A prefetched blob is served from memory once and then forgotten: each replica applies a
+  // delta once.
+  Result<std::string> Get(std::string_view key) override;
+  Result<std::string> Put(std::string_view data) override { return backing_->Put(data); }
+  Status PutWithKey(std::string_view key, std::string_view data) override {
+    return backing_->PutWithKey(key, data);
+  }
+  Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
+  Status Delete(std::string_view key) override;
+  std::string Describe() const override { return backing_->Describe(); }
+
+  uint64_t hits() const;
+  size_t cached_bytes() const;
+
+ private:
+  void Work();
+
+  std::unique_ptr<BlobStore> backing_;
+  const size_t max_cached_bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_;             // guarded by mu_
+  std::string in_flight_;                     // guarded by mu_: key being fetched now
+  std::map<std::string, std::string> cache_;  // guarded by mu_
+  std::deque<std::string> cache_order_;       // guarded by mu_: oldest first
+  size_t cached_bytes_ = 0;                   // guarded by mu_
+  uint64_t hits_ = 0;                         // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace nbos::store
