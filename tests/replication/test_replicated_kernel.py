@@ -97,11 +97,11 @@ class Replica:
 
 
 class Group:
-    def __init__(self, n=3, extra_args=()):
+    def __init__(self, n=3, extra_args=(), store_url=None):
         self.extra_args = list(extra_args)
         self.dir = tempfile.mkdtemp(prefix="nbos-replicas-")
         self.key = uuid.uuid4().hex
-        self.store_url = "dir://" + os.path.join(self.dir, "blobs")
+        self.store_url = store_url or "dir://" + os.path.join(self.dir, "blobs")
         self.addresses = {i: f"127.0.0.1:{free_port_pair()}" for i in range(1, n + 1)}
         self.replicas = {i: Replica(self, i) for i in self.addresses}
         for r in self.replicas.values():
@@ -344,3 +344,41 @@ def test_restart_catches_up_from_snapshot_and_checkpoint():
         assert stream_text(outputs) == "66.0 12 11\n"
     finally:
         group.close()
+
+
+def test_redis_blob_store_and_a_missing_store():
+    port = free_port_pair()
+    redis = subprocess.Popen(["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        group = Group(store_url=f"redis://127.0.0.1:{port}/0")
+        try:
+            check_cell(group.execute("import numpy as np\nw = np.arange(1 << 20, dtype='f8')", 1),
+                       1)
+            check_cell(group.execute("w *= 2\ntotal = float(w.sum())", 2), 2)
+            digests = group.assert_converged()
+            assert "w" in digests and "total" in digests
+        finally:
+            group.close()
+    finally:
+        redis.kill()
+        redis.wait()
+    # No store reachable: the replica refuses to start and says why.
+    dead = free_port_pair()
+    d = tempfile.mkdtemp(prefix="nbos-nostore-")
+    conn = os.path.join(d, "kernel.json")
+    write_connection_file(conn, key=b"k")
+    result = subprocess.run(
+        [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
+         f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"),
+         "--blob-store", f"redis://127.0.0.1:{dead}/0"],
+        capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode != 0
+    assert f"127.0.0.1:{dead}" in result.stderr, result.stderr
