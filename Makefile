@@ -33,6 +33,7 @@ test-e2e: build
 
 bench: bootstrap build
 	$(PY) bench/kernel_roundtrip.py --nbos build/bin/nbos
+	$(PY) bench/replication_bench.py --nbos build/bin/nbos
 	build/bin/store_throughput
 
 fuzz:

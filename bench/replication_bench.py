@@ -2,19 +2,23 @@
 """Replication cost of a distributed nbos kernel (three `nbos replica` processes, one Raft group),
 each number beside a baseline measured in the same run.
 
-  1. small-state sync   `x = i; lst.append(i)` run N times, with a sticky executor (always
-                        replica 1) and a rotating one (1, 2, 3, 1, ...): p50/p90/p99 of the
-                        executor's `commit` timing and of the round trip (request sent ->
+  1. small-state sync   `x = i; lst.append(i)` run N times per executor placement: sticky on
+                        the Raft leader, sticky on a follower (the leader is not exposed by the
+                        replicas; it is found by probing: its cells commit fastest), and
+                        rotating (1, 2, 3, 1, ...): p50/p90/p99 of the executor's `commit`
+                        timing and of the round trip (request sent to all replicas -> the
                         executor's execute_reply received). Baseline: the same cells on the
-                        standalone `nbos kernel`, interleaved with the replicated ones.
+                        standalone `nbos kernel`, each right after its replicated twin.
                         Design target: commit p99 <= 5 ms.
-  2. large-object sync  a cell creating 8 x 32 MiB float32 tensors (256 MiB), repeated 3 times
-                        with fresh content, then a cell re-binding the SAME tensors (dedup), on
+  2. large-object sync  a cell creating 8 x 32 MiB float32 tensors (256 MiB) on the leader,
+                        repeated 3 times with fresh content, each followed by a cell re-binding
+                        the SAME tensors (dedup; on the leader and on a follower), on
                         the directory blob store (in /tmp) and on Redis (a private redis-server).
                         Reported: executor sync time and MB/s, standby time until applied and
                         MB/s. Baselines: numpy .tofile() of the same bytes to the same
-                        filesystem, pickle.dumps of the same tensors, sha256 of the bytes and (for
-                        Redis) a raw SET of the bytes. Target: >= 500 MB/s to the directory store.
+                        filesystem, pickle.dumps of the same tensors, sha256 of the bytes, one
+                        copy into fresh memory and (for Redis) a raw SET of the bytes over one
+                        connection. Target: >= 500 MB/s to the directory store.
   3. per-cell overhead  round trip of `pass` on the replicated kernel vs the standalone kernel.
 
 How the large-object numbers are derived (the executor's `nbos.timings_ms` are elect / run /
@@ -457,54 +461,72 @@ def check_converged(group):
 # --------------------------------------------------------------------------- phase 1 & 3
 
 
-def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeout, modes):
-    """Interleaves the replicated kernel (per mode) with the standalone kernel."""
+def find_leader(group_eps, timeout, store_history, probes=5):
+    """The replica whose cells commit fastest: the Raft leader (its `commit` needs no extra
+    heartbeat for the commit index to reach it). Not exposed by the replicas, so probed with
+    `pass` cells on each replica (these double as warm-up)."""
+    med_commit = {}
+    for rid in sorted(group_eps):
+        vals = [run_cell(group_eps, "pass", rid, timeout, store_history).timings(rid)["commit"]
+                for _ in range(probes)]
+        med_commit[rid] = med(vals)
+    leader = min(med_commit, key=med_commit.get)
+    follower = min(r for r in group_eps if r != leader)
+    return leader, follower, med_commit
+
+
+def latency_modes(leader, follower):
+    """(name, target for cell i) of the executor-placement series."""
+    return [(f"sticky leader (r{leader})", lambda i: leader),
+            (f"sticky follower (r{follower})", lambda i: follower),
+            ("rotating (r1,r2,r3)", lambda i: 1 + i % 3)]
+
+
+def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeout, modes,
+                  store_history):
+    """Per mode: warm-up + n cells, each run on the replicated kernel and then on the
+    standalone kernel (strictly alternating, so neither kernel gets two requests back to back:
+    a kernel's previous cell's background work, e.g. IPython's history write, would otherwise
+    land in one kernel's numbers only)."""
     out = {}
-    for mode in modes:
+    for mode, target_of in modes:
         if setup:
-            run_cell(group_eps, setup, 1, timeout)
-            run_cell(standalone_eps, setup, None, timeout)
-        rows = []
-        base = []
+            run_cell(group_eps, setup, target_of(0), timeout, store_history)
+            run_cell(standalone_eps, setup, None, timeout, store_history)
+        rows, base = [], []
         t0 = time.perf_counter()
         for i in range(warmup + n):
-            target = 1 if mode == "sticky" else 1 + i % 3
+            target = target_of(i)
             code = make_code(i)
-            for which in (("group", "standalone") if i % 2 == 0 else ("standalone", "group")):
-                if which == "group":
-                    c = run_cell(group_eps, code, target, timeout)
-                    t = c.timings(target)
-                    stand = [c.timings(r) for r in group_eps if r != target]
-                    row = {
-                        "target": target,
-                        "rtt_ms": c.rtt_ms(target),
-                        "all_replied_ms": c.all_ms(),
-                        "elect_ms": t.get("elect"),
-                        "run_ms": t.get("run"),
-                        "commit_ms": t.get("commit"),
-                        "standby_follow_ms": max(s.get("follow", float("nan")) for s in stand),
-                    }
-                else:
-                    c = run_cell(standalone_eps, code, None, timeout)
-                    row = None
-                    base_rtt = c.rtt_ms(0)
-                if i >= warmup:
-                    if row is not None:
-                        rows.append(row)
-                    else:
-                        base.append(base_rtt)
-        log(f"  {mode:<8} {warmup} warm-up + {n} measured cells (x2 kernels) in"
+            c = run_cell(group_eps, code, target, timeout, store_history)
+            t = c.timings(target)
+            stand = [c.timings(r) for r in group_eps if r != target]
+            row = {
+                "target": target,
+                "rtt_ms": c.rtt_ms(target),
+                "all_replied_ms": c.all_ms(),
+                "elect_ms": t.get("elect"),
+                "run_ms": t.get("run"),
+                "commit_ms": t.get("commit"),
+                "standby_follow_ms": max(x.get("follow", float("nan")) for x in stand),
+            }
+            base_rtt = run_cell(standalone_eps, code, None, timeout, store_history).rtt_ms(0)
+            if i >= warmup:
+                rows.append(row)
+                base.append(base_rtt)
+        log(f"  {mode:<24} {warmup} warm-up + {n} measured cells (x2 kernels) in"
             f" {time.perf_counter() - t0:.1f}s")
         res = {"samples": rows, "standalone_rtt_ms": base}
         for key in ("rtt_ms", "all_replied_ms", "elect_ms", "run_ms", "commit_ms",
                     "standby_follow_ms"):
             res[key] = summarize([r[key] for r in rows])
         res["standalone"] = summarize(base)
-        if mode == "rotating":
+        targets = sorted({r["target"] for r in rows})
+        if len(targets) > 1:
             res["by_target"] = {
-                str(t): {k: summarize([r[k] for r in rows if r["target"] == t])
-                         for k in ("commit_ms", "rtt_ms", "standby_follow_ms")}
-                for t in sorted({r["target"] for r in rows})}
+                str(tg): {k: summarize([r[k] for r in rows if r["target"] == tg])
+                          for k in ("commit_ms", "rtt_ms", "standby_follow_ms")}
+                for tg in targets}
         out[mode] = res
     return out
 
@@ -580,6 +602,13 @@ def baselines(tensors, nbytes, scratch_dir, redis):
     for a in arrays:
         hashlib.sha256(memoryview(a).cast("B")).digest()
     res["sha256_ms"] = (time.perf_counter() - t0) * 1e3
+    # One copy into freshly allocated memory (bytearray: 4 KiB pages, each first touch a page
+    # fault): what every intermediate buffer on the blob path costs.
+    t0 = time.perf_counter()
+    for a in arrays:
+        b = bytearray(memoryview(a).cast("B"))
+        del b
+    res["fresh_copy_ms"] = (time.perf_counter() - t0) * 1e3
     if redis is not None:
         keys = [b"nbos-bench-baseline-%d" % i for i in range(len(arrays))]
         t0 = time.perf_counter()
@@ -595,28 +624,32 @@ def baselines(tensors, nbytes, scratch_dir, redis):
 def phase_large(group, store_label, args, scratch_dir, redis, bench_tensors):
     eps = group.endpoints()
     t_big = args.large_timeout
+    sh = args.store_history
+    leader, follower, probe = find_leader(eps, args.timeout, sh)
+    log(f"  {store_label}: Raft leader looks like replica {leader} (median `pass` commit ms by"
+        f" replica: { {k: round(v, 1) for k, v in probe.items()} })")
     count, tensor_mb = args.large_tensors, args.large_mb // args.large_tensors
     nbytes = count * tensor_mb * (1 << 20)
     create, rebind = large_cells(count, tensor_mb)
-    run_cell(eps, "import time\nimport torch", 1, t_big)  # imports are not what we measure
+    run_cell(eps, "import time\nimport torch", leader, t_big, sh)  # not what we measure
     # Warm-up: one small round through the same code paths (4 MiB).
-    run_cell(eps, "ws = [torch.randn(1024, 1024)]", 1, t_big)
-    run_cell(eps, "del ws", 1, t_big)
+    run_cell(eps, "ws = [torch.randn(1024, 1024)]", leader, t_big, sh)
+    run_cell(eps, "del ws", leader, t_big, sh)
 
     reps = []
     converged = None
     for rep in range(args.repeats):
         t0 = time.perf_counter()
-        c = run_cell(eps, create, 1, t_big)
-        new = large_sample(c, 1, nbytes)
+        c = run_cell(eps, create, leader, t_big, sh)
+        new = large_sample(c, leader, nbytes)
         if converged is None:  # once per store: did the standbys really get the tensors?
             ok, bad = check_converged(group)
             converged = {"ok": ok, "differing_names": bad}
             if not ok:
                 log(f"  WARNING: {store_label}: namespaces differ after the large cell: {bad}")
-        same = large_sample(run_cell(eps, rebind, 1, t_big), 1, nbytes)
-        other = large_sample(run_cell(eps, rebind, 2, t_big), 2, nbytes)
-        run_cell(eps, "del ws", 1, t_big)
+        same = large_sample(run_cell(eps, rebind, leader, t_big, sh), leader, nbytes)
+        other = large_sample(run_cell(eps, rebind, follower, t_big, sh), follower, nbytes)
+        run_cell(eps, "del ws", leader, t_big, sh)
         base = baselines(bench_tensors, nbytes, scratch_dir, redis)
         reps.append({"new": new, "dedup_same_executor": same, "dedup_other_executor": other,
                      "baselines": base})
@@ -624,7 +657,8 @@ def phase_large(group, store_label, args, scratch_dir, redis, bench_tensors):
             f" exec sync, standby ready {new['standby_ready_ms']:.0f} ms;"
             f" dedup {same['exec_sync_ms']:.0f} ms ({time.perf_counter() - t0:.1f}s)")
     return {"store_url": group.store_url, "bytes": nbytes, "tensors": count,
-            "tensor_mb": tensor_mb, "repeats": reps, "converged": converged}
+            "tensor_mb": tensor_mb, "repeats": reps, "converged": converged,
+            "executor": leader, "other_executor": follower, "leader_probe_commit_ms": probe}
 
 
 # --------------------------------------------------------------------------- report
@@ -658,8 +692,12 @@ def report(res):
     out = []
     meta = res["meta"]
     out.append(f"nbos {meta['nbos']}; {meta['cpus']} CPUs; python {meta['python']};"
-               f" N={meta['iterations']} (+{meta['warmup']} warm-up) per series,"
-               f" interleaved with the standalone kernel")
+               f" N={meta['iterations']} (+{meta['warmup']} warm-up) per series, each cell"
+               f" alternating with the standalone kernel; store_history={meta['store_history']}")
+    probe = meta.get("leader_probe_commit_ms")
+    if probe:
+        out.append("Raft leader probe (median `pass` commit ms by executor replica): " +
+                   ", ".join(f"r{k}: {v:.1f}" for k, v in probe.items()))
 
     # 1
     s = res.get("small_state")
@@ -705,9 +743,11 @@ def report(res):
                 vals = [v for v in vals if v is not None]
                 return f"{f(med(vals), 0)} ({f(min(vals), 0)}-{f(max(vals), 0)})"
 
-            for key, label in (("new", "new tensors"),
-                               ("dedup_same_executor", "same tensors re-bound (dedup)"),
-                               ("dedup_other_executor", "same, re-bound on replica 2")):
+            ex, other_ex = r.get("executor"), r.get("other_executor")
+            for key, label in (("new", f"new tensors (exec r{ex})"),
+                               ("dedup_same_executor", f"same tensors re-bound (dedup, r{ex})"),
+                               ("dedup_other_executor",
+                                f"same tensors re-bound (dedup, r{other_ex})")):
                 xs = [x[key] for x in reps]
                 es = [x["exec_sync_ms"] for x in xs]
                 cs = [x["commit_ms"] for x in xs]
@@ -723,6 +763,7 @@ def report(res):
             for key, label in (("tofile", "baseline: numpy .tofile() (same fs)"),
                                ("pickle", "baseline: pickle.dumps(tensors)"),
                                ("sha256", "baseline: sha256 of the bytes"),
+                               ("fresh_copy", "baseline: 1 copy into fresh memory"),
                                ("redis_set", "baseline: raw redis SET")):
                 vals = [x["baselines"].get(key + "_ms") for x in reps]
                 if all(v is None for v in vals):
@@ -733,8 +774,9 @@ def report(res):
             if conv and not conv.get("ok"):
                 rows.append([f"{store}: NAMESPACES DIFFER: {conv.get('differing_names')}"] +
                             [""] * 9)
-        out.append(table(["store: cell", "body ms", "exec sync ms", "MB/s", "commit ms",
-                          "MB/s", "standby follow ms", "standby ready ms", "MB/s", ""],
+        out.append(table(["store: cell", "body ms", "exec sync ms", "exec MB/s", "commit ms",
+                          "commit-only MB/s", "standby follow ms", "standby ready ms",
+                          "standby MB/s", ""],
                          rows, left=(0, 9)))
         out.append("   body = the cell's own code; exec sync = (run - body) + commit = delta +"
                    " blob writes + Raft;\n   commit = the executor's `commit` timing alone"
@@ -749,14 +791,32 @@ def report(res):
         rows = []
         for mode, r in o.items():
             a, b = r["rtt_ms"], r["standalone"]
-            rows.append([f"replicated ({mode})", str(a["n"]), f(a["p50"]), f(a["mean"]),
+            rows.append([f"replicated, {mode}", str(a["n"]), f(a["p50"]), f(a["mean"]),
                          f(a["p99"]), f"{a['p50'] / b['p50']:.2f}x",
                          f"{a['mean'] / b['mean']:.2f}x", f(r["commit_ms"]["p50"]),
                          f(r["elect_ms"]["p50"]), f(r["all_replied_ms"]["p50"])])
-            rows.append([f"standalone (interleaved w/ {mode})", str(b["n"]), f(b["p50"]),
+            rows.append(["  standalone (alternating)", str(b["n"]), f(b["p50"]),
                          f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", ""])
         out.append(table(["kernel", "n", "p50", "mean", "p99", "p50 ratio", "mean ratio",
                           "commit p50", "elect p50", "all 3 replied p50"], rows))
+
+    # Targets
+    lines = []
+    if s:
+        for mode, r in s.items():
+            p99 = r["commit_ms"].get("p99", float("nan"))
+            lines.append(f"  commit p99 <= {COMMIT_P99_TARGET_MS:g} ms, {mode}: {p99:.2f} ms -> "
+                         + ("MET" if p99 <= COMMIT_P99_TARGET_MS else "MISSED"))
+    if L and "dir" in L:
+        d = L["dir"]
+        v = mbps(d["bytes"], med([x["new"]["exec_sync_ms"] for x in d["repeats"]]))
+        b = mbps(d["bytes"], med([x["baselines"]["tofile_ms"] for x in d["repeats"]]))
+        lines.append(f"  >= {DIR_STORE_TARGET_MBPS:g} MB/s to the directory store (executor):"
+                     f" {v:.0f} MB/s (numpy .tofile() baseline {b:.0f} MB/s) -> "
+                     + ("MET" if v >= DIR_STORE_TARGET_MBPS else "MISSED"))
+    if lines:
+        out.append("\nTargets:")
+        out.extend(lines)
     return "\n".join(out)
 
 
@@ -785,6 +845,8 @@ def parse_args(argv):
                    help="per-request timeout for small cells, seconds (60)")
     p.add_argument("--large-timeout", type=float, default=600.0,
                    help="per-request timeout for large cells, seconds (600)")
+    p.add_argument("--no-store-history", dest="store_history", action="store_false",
+                   help="send store_history=false (skips IPython's sqlite history writes)")
     p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores)")
     a = p.parse_args(argv)
@@ -822,6 +884,7 @@ def run(args, workdir):
         "host": platform.node(), "iterations": args.iterations, "warmup": args.warmup,
         "large_mb": args.large_mb, "large_tensors": args.large_tensors,
         "repeats": args.repeats, "stores": args.stores, "phases": args.phases,
+        "store_history": args.store_history,
         "unix_time": time.time(),
         "definitions": {
             "rtt": "execute_request sent (to all replicas) -> the executor's execute_reply"
@@ -845,11 +908,16 @@ def run(args, workdir):
             log(f"replicas up: {group.addresses}, store {group.store_url}")
         if need_standalone:
             seps, geps = standalone.endpoints(), group.endpoints()
+            leader, follower, probe = find_leader(geps, args.timeout, args.store_history)
+            res["meta"]["leader_probe_commit_ms"] = probe
+            log(f"Raft leader looks like replica {leader} (median `pass` commit ms by replica:"
+                f" { {k: round(v, 1) for k, v in probe.items()} })")
+            modes = latency_modes(leader, follower)
         if "small" in args.phases:
             log("1. small-state sync")
             res["small_state"] = phase_latency(
                 geps, seps, lambda i: f"x = {i}\nlst.append({i})", "lst = []",
-                args.iterations, args.warmup, args.timeout, ("sticky", "rotating"))
+                args.iterations, args.warmup, args.timeout, modes, args.store_history)
             ok, bad = check_converged(group)
             res["small_state_converged"] = {"ok": ok, "differing_names": bad}
             if not ok:
@@ -858,7 +926,7 @@ def run(args, workdir):
             log("3. per-cell overhead (pass)")
             res["overhead"] = phase_latency(geps, seps, lambda i: "pass", None,
                                             args.iterations, args.warmup, args.timeout,
-                                            ("sticky", "rotating"))
+                                            modes, args.store_history)
         if standalone is not None:
             standalone.close()
         if "large" in args.phases:
@@ -903,10 +971,9 @@ def run(args, workdir):
 
 def main(argv):
     args = parse_args(argv)
-    try:
-        import jupyter_client  # noqa: F401
-        import zmq  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("jupyter_client", "zmq")):
         print(f"error: jupyter_client/zmq not importable by {sys.executable};"
               " run with /usr/bin/python3", file=sys.stderr)
         return 1

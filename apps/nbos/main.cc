@@ -103,15 +103,15 @@ int main(int argc, char** argv) {
       std::cerr << "nbos replica: " << info.status().message() << "\n";
       return 2;
     }
-    for (const std::string& spec : peer_specs) {
-      size_t eq = spec.find('=');
+    for (const std::string& peer : peer_specs) {
+      size_t eq = peer.find('=');
       uint64_t id = 0;
-      if (eq != std::string::npos) id = std::strtoull(spec.substr(0, eq).c_str(), nullptr, 10);
-      if (id == 0 || eq + 1 >= spec.size()) {
-        std::cerr << "nbos replica: --peer wants ID=IPv4:port, got '" << spec << "'\n";
+      if (eq != std::string::npos) id = std::strtoull(peer.substr(0, eq).c_str(), nullptr, 10);
+      if (id == 0 || eq + 1 >= peer.size()) {
+        std::cerr << "nbos replica: --peer wants ID=IPv4:port, got '" << peer << "'\n";
         return 2;
       }
-      replica_options.peers.push_back({id, spec.substr(eq + 1)});
+      replica_options.peers.push_back({id, peer.substr(eq + 1)});
     }
     // The gate's threads must not take SIGINT (it interrupts the cell on the main thread).
     sigset_t sigint;

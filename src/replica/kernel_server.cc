@@ -99,7 +99,8 @@ class KernelServer final : public EngineHost {
 
   void HandleShell(Message request);
   void HandleControl(Message request);
-  void AbortQueuedExecutions();
+  std::vector<Message> TakeQueuedRequests();
+  void AbortQueuedExecutions(std::vector<Message> queued);
   std::string RunInEngine(const Message& request, bool is_execute);
   std::string ExecuteReplicated(const Message& request, Json* metadata);
   void Interrupt(bool whole_group);
@@ -396,6 +397,7 @@ void KernelServer::HandleShell(Message request) {
   }
   PublishStatus("busy", request.header);
   bool abort_queue = false;
+  std::vector<Message> queued;
   if (type == "kernel_info_request") {
     SendReply(shell_, request, engine_->kernel_info_json());
   } else if (PythonEngine::Handles(type)) {
@@ -415,6 +417,9 @@ void KernelServer::HandleShell(Message request) {
                              {"status", status}});
         abort_queue = status == "error" && request.content.value("stop_on_error", true);
       }
+      // Requests that arrived while the failed cell ran are aborted; ones a client sends after
+      // seeing this reply are not, so take them off the socket before replying.
+      if (abort_queue) queued = TakeQueuedRequests();
       SendReply(shell_, request, std::move(content), std::move(metadata));
     }
   } else if (!jupyter::ReplyTypeFor(type).empty()) {
@@ -425,7 +430,7 @@ void KernelServer::HandleShell(Message request) {
   capture_->Drain();
   FlushStreams();
   PublishStatus("idle", request.header);
-  if (abort_queue) AbortQueuedExecutions();
+  if (abort_queue) AbortQueuedExecutions(std::move(queued));
 }
 
 std::string KernelServer::RunInEngine(const Message& request, bool is_execute) {
@@ -485,27 +490,33 @@ std::string KernelServer::ExecuteReplicated(const Message& request, Json* metada
   return ErrorContent("ReplicationError", "unknown election outcome");
 }
 
-void KernelServer::AbortQueuedExecutions() {
-  // Like ipykernel with stop_on_error: executions already queued behind a failed cell are
-  // answered "aborted" instead of running against state the failure left behind.
+std::vector<Message> KernelServer::TakeQueuedRequests() {
+  std::vector<Message> queued;
   for (;;) {
-    std::optional<Message> request;
     try {
       zmq::pollitem_t item{shell_.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, 0) <= 0) return;
-      request = Receive(shell_, "shell", zmq::recv_flags::dontwait);
+      if (zmq_poll(&item, 1, 0) <= 0) return queued;
+      if (auto request = Receive(shell_, "shell", zmq::recv_flags::dontwait)) {
+        queued.push_back(std::move(*request));
+      }
     } catch (const zmq::error_t&) {
-      return;
+      return queued;
     }
-    if (!request) continue;
-    if (request->msg_type() != "execute_request") {
-      HandleShell(std::move(*request));
+  }
+}
+
+void KernelServer::AbortQueuedExecutions(std::vector<Message> queued) {
+  // Like ipykernel with stop_on_error: executions queued behind a failed cell are answered
+  // "aborted" instead of running against state the failure left behind.
+  for (Message& request : queued) {
+    if (request.msg_type() != "execute_request") {
+      HandleShell(std::move(request));
       continue;
     }
-    PublishStatus("busy", request->header);
-    SendReply(shell_, *request, R"({"status":"aborted"})",
+    PublishStatus("busy", request.header);
+    SendReply(shell_, request, R"({"status":"aborted"})",
               Json{{"engine", factory_.session()}, {"status", "aborted"}});
-    PublishStatus("idle", request->header);
+    PublishStatus("idle", request.header);
   }
 }
 

@@ -18,13 +18,26 @@ using namespace std::chrono_literals;
 // How long a member serving a forwarded proposal waits for its commit before answering.
 constexpr auto kServeCommitTimeout = 10s;
 
-Result<uint64_t> ProposeLocally(replication::RaftNode* node, std::string command,
+// Proposes every command (they go out as one batch) and waits for the last one's commit.
+Result<uint64_t> ProposeLocally(replication::RaftNode* node, std::vector<std::string> commands,
                                 std::chrono::milliseconds timeout) {
+  if (commands.empty()) return InvalidArgument("nothing to propose");
   auto promise = std::make_shared<std::promise<Result<uint64_t>>>();
   auto future = promise->get_future();
-  node->Propose(std::move(command), [promise](Result<uint64_t> r) { promise->set_value(r); });
+  // Entries commit in order, so the first failure (or the last success) decides.
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const bool last = i + 1 == commands.size();
+    node->Propose(std::move(commands[i]), [promise, failed, last](Result<uint64_t> r) {
+      if (!r.ok()) {
+        if (!failed->exchange(true)) promise->set_value(r);
+      } else if (last && !failed->load()) {
+        promise->set_value(r);
+      }
+    });
+  }
   if (future.wait_for(timeout) != std::future_status::ready) {
-    // The callback still fires later; the shared promise outlives this call.
+    // The callbacks still fire later; the shared promise outlives this call.
     return Unavailable("proposal not committed within " + std::to_string(timeout.count()) + " ms");
   }
   return future.get();
@@ -65,10 +78,12 @@ struct ProposalRouter::Impl {
         if (e.num() == EINTR) continue;
         return;  // ETERM: stopping
       }
-      // [identity, seq, command] -> [identity, seq, "ok"|"error", index|message]
-      if (parts.size() != 3) continue;
+      // [identity, seq, command...] -> [identity, seq, "ok"|"error", last index|message]
+      if (parts.size() < 3) continue;
+      std::vector<std::string> commands;
+      for (size_t i = 2; i < parts.size(); ++i) commands.push_back(parts[i].to_string());
       auto result = ProposeLocally(
-          node, parts[2].to_string(),
+          node, std::move(commands),
           std::chrono::duration_cast<std::chrono::milliseconds>(kServeCommitTimeout));
       ++*served;
       std::array<zmq::const_buffer, 4> reply;
@@ -131,6 +146,13 @@ ProposalRouter::~ProposalRouter() {
 }
 
 Result<uint64_t> ProposalRouter::Propose(std::string command, std::chrono::milliseconds timeout) {
+  std::vector<std::string> commands;
+  commands.push_back(std::move(command));
+  return ProposeAll(std::move(commands), timeout);
+}
+
+Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
+                                            std::chrono::milliseconds timeout) {
   std::lock_guard lock(impl_->client_mu);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status last = Unavailable("no leader");
@@ -143,7 +165,7 @@ Result<uint64_t> ProposalRouter::Propose(std::string command, std::chrono::milli
       continue;
     }
     if (leader.address == impl_->self_address) {
-      auto r = ProposeLocally(impl_->node, command, left);
+      auto r = ProposeLocally(impl_->node, commands, left);
       if (r.ok()) return r;
       last = r.status();
       if (r.status().message().find("not leader") == std::string::npos &&
@@ -155,7 +177,8 @@ Result<uint64_t> ProposalRouter::Propose(std::string command, std::chrono::milli
     std::string endpoint = PeerEndpointFor(leader.address);
     zmq::socket_t& client = impl_->ClientFor(endpoint);
     std::string seq = std::to_string(++impl_->next_seq);
-    std::array<zmq::const_buffer, 2> request = {zmq::buffer(seq), zmq::buffer(command)};
+    std::vector<zmq::const_buffer> request{zmq::buffer(seq)};
+    for (const auto& c : commands) request.push_back(zmq::buffer(c));
     zmq::send_multipart(client, request);
     // Wait for the answer to this seq; stale answers to earlier, timed-out calls are dropped. A
     // leader that just died never answers, so each attempt waits only so long before asking

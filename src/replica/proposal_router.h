@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "replication/raft_node.h"
@@ -30,6 +31,8 @@ class ProposalRouter {
   // Returns its log index. Errors: kUnavailable (no leader reachable in time) or the log's own
   // error. Thread-safe; calls are serialised.
   Result<uint64_t> Propose(std::string command, std::chrono::milliseconds timeout);
+  // Commits `commands` as consecutive entries in one round trip; returns the last one's index.
+  Result<uint64_t> ProposeAll(std::vector<std::string> commands, std::chrono::milliseconds timeout);
 
   uint64_t forwarded_served() const { return served_.load(); }
 

@@ -250,19 +250,20 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
 Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& request,
                            const std::string& reply_content) {
   executed_here_.insert(decision.exec_id);
+  // Delta, side effects and Done go out together: one round trip to the leader.
+  std::vector<std::string> entries;
   auto delta = engine_->TakeDelta();
   if (!delta.ok()) return delta.status();
   if (!delta->empty()) {
-    KernelEntry entry{KernelEntry::Type::kDelta, decision.exec_id, options_.replica_id,
-                      Json::object(), std::move(*delta)};
-    if (Status s = Propose(entry); !s.ok()) return s;
+    entries.push_back(EncodeKernelEntry({KernelEntry::Type::kDelta, decision.exec_id,
+                                         options_.replica_id, Json::object(), std::move(*delta)}));
   }
   auto side_effects = engine_->TakeSideEffects();
   if (!side_effects.ok()) return side_effects.status();
   if (!side_effects->empty()) {
-    KernelEntry entry{KernelEntry::Type::kSideEffect, decision.exec_id, options_.replica_id,
-                      Json::object(), std::move(*side_effects)};
-    if (Status s = Propose(entry); !s.ok()) return s;
+    entries.push_back(
+        EncodeKernelEntry({KernelEntry::Type::kSideEffect, decision.exec_id, options_.replica_id,
+                           Json::object(), std::move(*side_effects)}));
   }
   Json reply = Json::parse(reply_content, nullptr, false);
   const bool silent = request.content.value("silent", false);
@@ -270,9 +271,10 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
             {"execution_count", reply.is_object() ? reply.value("execution_count", 0) : 0},
             {"store_history", request.content.value("store_history", !silent)},
             {"code", request.content.value("code", "")}};
-  KernelEntry done{KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta),
-                   ""};
-  if (Status s = Propose(done); !s.ok()) return s;
+  entries.push_back(EncodeKernelEntry(
+      {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
+  auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
+  if (!committed.ok()) return committed.status();
   // Propose returns when the leader applied it; the reply waits until this replica has too.
   if (!WaitFor([&] { return done_.count(decision.exec_id) > 0; }, decision.exec_id,
                options_.follow_timeout)) {

@@ -20,9 +20,11 @@ struct RaftNodeOptions {
   std::vector<Member> bootstrap;
   // C-Raft's defaults (1000/100 ms) make failover slow; these keep it under a second while leaving
   // a loaded 2-core machine enough slack not to flap. Pre-vote stops a partitioned member from
-  // disrupting the group when it returns.
+  // disrupting the group when it returns. C-Raft 0.15 tells followers about a new commit index
+  // only with its next message, so the heartbeat interval is how late a follower applies what
+  // the leader committed (a standby's reply waits for that): keep it short.
   unsigned election_timeout_ms = 300;
-  unsigned heartbeat_timeout_ms = 50;
+  unsigned heartbeat_timeout_ms = 10;
   unsigned snapshot_threshold = 1024;  // entries between snapshots
   unsigned snapshot_trailing = 128;    // entries kept after a snapshot
   // Proposals are submitted in batches, one batch at a time: at most this many entries each.
