@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "jupyter/connection_file.h"
 #include "jupyter/kernelspec.h"
@@ -84,25 +85,29 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
-  if (*kernel) {
+  // The kernel server's options from the connection file; nullopt (reported) if unreadable.
+  auto kernel_options = [&](const char* command) -> std::optional<nbos::replica::KernelOptions> {
     auto info = nbos::jupyter::ReadConnectionFile(connection_file);
     if (!info.ok()) {
-      std::cerr << "nbos kernel: " << info.status().message() << "\n";
-      return 2;
+      std::cerr << "nbos " << command << ": " << info.status().message() << "\n";
+      return std::nullopt;
     }
     nbos::replica::KernelOptions options;
     options.connection = *info;
     options.connection_file = std::filesystem::absolute(connection_file).string();
     options.version = kVersion;
     options.log_level = log_level;
-    nbos::replica::RunKernel(options);
+    return options;
+  };
+
+  if (*kernel) {
+    auto options = kernel_options("kernel");
+    if (!options) return 2;
+    nbos::replica::RunKernel(*options);
   }
   if (*replica) {
-    auto info = nbos::jupyter::ReadConnectionFile(connection_file);
-    if (!info.ok()) {
-      std::cerr << "nbos replica: " << info.status().message() << "\n";
-      return 2;
-    }
+    auto options = kernel_options("replica");
+    if (!options) return 2;
     for (const std::string& peer : peer_specs) {
       size_t eq = peer.find('=');
       uint64_t id = 0;
@@ -123,13 +128,8 @@ int main(int argc, char** argv) {
       std::cerr << "nbos replica: " << gate.status().ToString() << "\n";
       return 1;
     }
-    nbos::replica::KernelOptions options;
-    options.connection = *info;
-    options.connection_file = std::filesystem::absolute(connection_file).string();
-    options.version = kVersion;
-    options.log_level = log_level;
-    options.gate = gate->get();
-    nbos::replica::RunKernel(options);
+    options->gate = gate->get();
+    nbos::replica::RunKernel(*options);
   }
   if (*install) {
     spec.argv = {SelfPath(), "kernel", "-f", "{connection_file}"};

@@ -7,6 +7,8 @@
 
 #include <cassert>
 
+#include "common/hex.h"
+
 namespace nbos::jupyter {
 
 // A MAC context initialised with the key once; each signature duplicates it, which is far cheaper
@@ -59,13 +61,7 @@ std::string Signer::Sign(const std::vector<std::string_view>& parts) const {
   size_t out_len = 0;
   EVP_MAC_final(ctx, out, &out_len, sizeof(out));
   EVP_MAC_CTX_free(ctx);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex(out_len * 2, '0');
-  for (size_t i = 0; i < out_len; ++i) {
-    hex[2 * i] = kHex[out[i] >> 4];
-    hex[2 * i + 1] = kHex[out[i] & 0xf];
-  }
-  return hex;
+  return HexEncode(out, out_len);
 }
 
 bool Signer::Verify(std::string_view signature, const std::vector<std::string_view>& parts) const {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/hex.h"
 #include "store/dir_blob_store.h"
 #include "store/redis_blob_store.h"
 
@@ -19,16 +20,6 @@ const EVP_MD* Sha256() {
   static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   assert(md != nullptr && "OpenSSL has no SHA256");
   return md;
-}
-
-std::string Hex(const unsigned char* bytes, size_t n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex(n * 2, '0');
-  for (size_t i = 0; i < n; ++i) {
-    hex[2 * i] = kHex[bytes[i] >> 4];
-    hex[2 * i + 1] = kHex[bytes[i] & 0xf];
-  }
-  return hex;
 }
 
 // Shortened and escaped so a hostile key cannot flood or garble a log line.
@@ -154,7 +145,7 @@ std::string BlobKey(std::string_view data) {
   int ok = EVP_Digest(data.data(), data.size(), digest, &len, Sha256(), nullptr);
   assert(ok == 1 && len == kBlobKeyLength / 2);
   (void)ok;
-  return Hex(digest, len);
+  return HexEncode(digest, len);
 }
 
 bool IsValidBlobKey(std::string_view key) {
@@ -192,7 +183,7 @@ std::string BlobHasher::HexDigest() {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx_->md, digest, &len);
-  return Hex(digest, len);
+  return HexEncode(digest, len);
 }
 
 Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {
