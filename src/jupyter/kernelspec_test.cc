@@ -1,9 +1,9 @@
 #include "jupyter/kernelspec.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 namespace nbos::jupyter {
