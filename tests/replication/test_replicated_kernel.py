@@ -25,21 +25,47 @@ from conftest import nbos_bin  # noqa: E402
 TIMEOUT = 60
 
 
+# Ports handed out by this process: a replica binds its ports only when it starts, so without
+# this two allocations made before that could return the same port.
+_TAKEN = set()
+
+
+def _free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_ports(n):
+    """n distinct free loopback ports, never handed out before by this process."""
+    ports = []
+    while len(ports) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _TAKEN:
+            _TAKEN.add(port)
+            ports.append(port)
+    return ports
+
+
 def free_port_pair():
     """A loopback port p with p + 1 free too (a replica serves forwarded proposals there)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
+    for _ in range(1000):
+        (port,) = free_ports(1)
+        if port < 65535 and port + 1 not in _TAKEN and _free(port + 1):
+            _TAKEN.add(port + 1)
             return port
     raise RuntimeError("no free port pair")
+
+
+def write_kernel_connection_file(path, key):
+    shell, iopub, stdin, control, hb = free_ports(5)
+    write_connection_file(path, key=key, shell_port=shell, iopub_port=iopub, stdin_port=stdin,
+                          control_port=control, hb_port=hb)
 
 
 class Replica:
@@ -49,11 +75,23 @@ class Replica:
         self.dir = os.path.join(group.dir, f"replica-{replica_id}")
         os.makedirs(self.dir, exist_ok=True)
         self.connection_file = os.path.join(self.dir, "kernel.json")
-        write_connection_file(self.connection_file, key=group.key.encode())
+        write_kernel_connection_file(self.connection_file, group.key.encode())
         self.proc = None
         self.client = None
 
     def start(self):
+        try:
+            self._start()
+        except RuntimeError:
+            # A restarted replica's old Jupyter ports may have been taken meanwhile: those are
+            # the client's to choose, so pick new ones once (the Raft address is its identity).
+            if "Address already in use" not in self.stderr():
+                raise
+            self.client.stop_channels()
+            write_kernel_connection_file(self.connection_file, self.group.key.encode())
+            self._start()
+
+    def _start(self):
         stderr = open(os.path.join(self.dir, "stderr.log"), "ab")
         self.proc = subprocess.Popen(
             [nbos_bin(), "replica", "-f", self.connection_file, "--id", str(self.id),
@@ -383,7 +421,7 @@ def test_redis_blob_store_and_a_missing_store():
     dead = free_port_pair()
     d = tempfile.mkdtemp(prefix="nbos-nostore-")
     conn = os.path.join(d, "kernel.json")
-    write_connection_file(conn, key=b"k")
+    write_kernel_connection_file(conn, b"k")
     result = subprocess.run(
         [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
          f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"),
