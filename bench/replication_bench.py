@@ -61,6 +61,9 @@ import uuid
 from queue import Empty
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from kernel_roundtrip import percentile  # noqa: E402  (one definition for all benches)
+
 MB = float(1 << 20)
 
 COMMIT_P99_TARGET_MS = 5.0
@@ -72,18 +75,6 @@ class BenchError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def percentile(sorted_values, p):
-    """Linear-interpolated percentile (numpy's default) of sorted data."""
-    if not sorted_values:
-        return float("nan")
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    rank = (p / 100.0) * (len(sorted_values) - 1)
-    lo = int(rank)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
 
 
 def summarize(values_ms):

@@ -135,25 +135,17 @@ void ReplicaGate::Process(Event& e) {
       since_checkpoint_ = journal_seen_ - std::min(journal_seen_, e.count);
       return;
     case Event::Kind::kDelta:
+    case Event::Kind::kSideEffect: {
       // The executor's namespace already holds its own effects; every other replica (and the
       // executor itself after a restart, which starts from an empty namespace) applies them.
       ++journal_seen_;
       ++since_checkpoint_;
-      if (executed_here_.count(e.exec_id) == 0) {
-        if (Status s = engine_->ApplyDelta(e.payload); !s.ok()) {
-          spdlog::error("execution {}: {}", e.exec_id, s.ToString());
-        }
-      }
+      if (executed_here_.count(e.exec_id) > 0) return;
+      Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
+                                               : engine_->ApplySideEffects(e.payload);
+      if (!s.ok()) spdlog::error("execution {}: {}", e.exec_id, s.ToString());
       return;
-    case Event::Kind::kSideEffect:
-      ++journal_seen_;
-      ++since_checkpoint_;
-      if (executed_here_.count(e.exec_id) == 0) {
-        if (Status s = engine_->ApplySideEffects(e.payload); !s.ok()) {
-          spdlog::error("execution {}: {}", e.exec_id, s.ToString());
-        }
-      }
-      return;
+    }
     case Event::Kind::kDone:
       if (executed_here_.count(e.exec_id) == 0) {
         if (Status s = engine_->FinishStandby(e.meta); !s.ok()) {
