@@ -9,6 +9,7 @@
 #include <iostream>
 #include <optional>
 
+#include "cluster_commands.h"
 #include "jupyter/connection_file.h"
 #include "jupyter/kernelspec.h"
 #include "replica/kernel_server.h"
@@ -83,7 +84,10 @@ int main(int argc, char** argv) {
   install->add_option("--display-name", spec.display_name, "Name shown in Jupyter")
       ->capture_default_str();
 
+  auto run_cluster_command = nbos::app::AddClusterCommands(app, SelfPath());
+
   CLI11_PARSE(app, argc, argv);
+  if (int rc = run_cluster_command(); rc >= 0) return rc;
 
   // The kernel server's options from the connection file; nullopt (reported) if unreadable.
   auto kernel_options = [&](const char* command) -> std::optional<nbos::replica::KernelOptions> {

@@ -113,6 +113,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::set<std::string> executed_here_;  // by this process: its namespace already has the effects
   uint64_t journal_seen_ = 0;            // journal records this namespace reflects
   uint64_t since_checkpoint_ = 0;        // of those, after the last checkpoint
+  std::string checkpoint_after_;         // executed here, Done not yet applied here
 };
 
 }  // namespace nbos::replica

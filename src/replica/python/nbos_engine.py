@@ -476,6 +476,106 @@ def _no_getpass(prompt="", stream=None):
     )
 
 
+
+# --- GPU binding (DESIGN.md §6) -------------------------------------------------------------
+
+class GpuBinding:
+    """The GPUs granted to the running cell. Before the cell: NBOS_GPU_IDS names them, torch's
+    current device is the first, and the modules, tensors and optimizer state this replica moved
+    to host memory after its previous cell go back onto it. After the cell: they move to host
+    memory again and torch frees its cached GPU memory, so the daemon can grant the devices to
+    another kernel. Without torch or CUDA only the bookkeeping and NBOS_GPU_IDS remain."""
+
+    def __init__(self):
+        self.ids = []
+        self._parked = []  # names moved to host memory at the end of the previous cell
+
+    def _torch_cuda(self):
+        torch = sys.modules.get("torch")
+        try:
+            return torch if torch is not None and torch.cuda.is_available() else None
+        except Exception:  # a broken CUDA install must not break the cell
+            return None
+
+    def bind(self, ids, user_ns):
+        self.ids = [int(i) for i in ids]
+        if self.ids:
+            os.environ["NBOS_GPU_IDS"] = ",".join(str(i) for i in self.ids)
+        else:
+            os.environ.pop("NBOS_GPU_IDS", None)
+        torch = self._torch_cuda()
+        if torch is None or not self.ids:
+            return
+        torch.cuda.set_device(self.ids[0])
+        device = torch.device("cuda", self.ids[0])
+        for name in self._parked:
+            value = user_ns.get(name)
+            if value is not None:
+                user_ns[name] = _move(value, device, torch)
+        self._parked = []
+
+    def release(self, user_ns):
+        torch = self._torch_cuda()
+        if torch is not None and self.ids:
+            cpu = torch.device("cpu")
+            for name, value in list(user_ns.items()):
+                if not name.startswith("_") and _on_cuda(value, torch):
+                    user_ns[name] = _move(value, cpu, torch)
+                    self._parked.append(name)
+            torch.cuda.empty_cache()
+        self.ids = []
+
+    def clear_environment(self):
+        os.environ.pop("NBOS_GPU_IDS", None)
+
+    def device(self):
+        torch = self._torch_cuda()
+        if torch is not None and self.ids:
+            return torch.device("cuda", self.ids[0])
+        try:
+            import torch as t
+            return t.device("cpu")
+        except ImportError:
+            return "cpu"
+
+
+def _on_cuda(value, torch):
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    if isinstance(value, torch.nn.Module):
+        return any(p.is_cuda for p in value.parameters())
+    if isinstance(value, torch.optim.Optimizer):
+        return any(isinstance(t, torch.Tensor) and t.is_cuda
+                   for state in value.state.values() for t in state.values())
+    return False
+
+
+def _move(value, device, torch):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, torch.nn.Module):
+        return value.to(device)
+    if isinstance(value, torch.optim.Optimizer):
+        for state in value.state.values():
+            for k, t in state.items():
+                if isinstance(t, torch.Tensor):
+                    state[k] = t.to(device)
+        return value
+    return value
+
+
+GPUS = GpuBinding()
+
+
+def _install_nbos_module():
+    """`import nbos` in a cell: nbos.device() and nbos.gpu_ids() for the running cell."""
+    import types
+    mod = types.ModuleType("nbos", "nbos runtime helpers inside a kernel")
+    mod.device = GPUS.device
+    mod.gpu_ids = lambda: list(GPUS.ids)
+    sys.modules["nbos"] = mod
+
+
 class Engine:
     """One per process. C++ calls handle() on the main thread with the GIL held."""
 
@@ -506,6 +606,7 @@ class Engine:
             "nbos_namespace_request": self.namespace_digests,
         }
         self.set_interruptible(False)
+        _install_nbos_module()
 
     @staticmethod
     def set_interruptible(on):
@@ -566,6 +667,10 @@ class Engine:
         builtins.input = _input if allow_stdin else _no_input
         getpass.getpass = _getpass if allow_stdin else _no_getpass
         shell._last_error = None
+        nbos_meta = (msg.get("metadata") or {}).get("nbos") or {}
+        gpu_ids = nbos_meta.get("gpu_ids") if isinstance(nbos_meta, dict) else None
+        # Bound outside the sync window: NBOS_GPU_IDS is this replica's, not replicated state.
+        GPUS.bind(gpu_ids if isinstance(gpu_ids, list) else [], shell.user_ns)
         sync_token = self._begin_sync(code)
         self.set_interruptible(True)
         try:
@@ -574,7 +679,9 @@ class Engine:
         finally:
             self.set_interruptible(False)
             builtins.input, getpass.getpass = saved_input, saved_getpass
+            GPUS.release(shell.user_ns)
         self._end_sync(sync_token)
+        GPUS.clear_environment()
 
         reply = {"execution_count": shell.execution_count - 1}
         if result.success:

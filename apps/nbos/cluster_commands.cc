@@ -1,0 +1,364 @@
+#include "cluster_commands.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common/ids.h"
+#include "common/log.h"
+#include "daemon/daemon.h"
+#include "gateway/gateway.h"
+
+namespace nbos::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so that WaitForSignal
+// receives them.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int WaitForSignal(const sigset_t& set) {
+  int signal_number = 0;
+  sigwait(&set, &signal_number);
+  return signal_number;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::string DefaultStateDir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/nbos";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.local/state/nbos";
+  return "/tmp/nbos-" + std::to_string(getuid());
+}
+
+struct GatewayArgs {
+  gateway::GatewayOptions options;
+  std::string log_level = "info";
+};
+struct DaemonArgs {
+  daemon::DaemonOptions options;
+  std::string log_level = "info";
+  bool virtual_gpus_only = false;
+};
+struct UpArgs {
+  int hosts = 4;
+  int gpus_per_host = 2;
+  int port = 8889;
+  std::string state_dir;
+  std::string token;
+  std::string log_level = "info";
+};
+
+int RunGateway(GatewayArgs& args) {
+  const sigset_t signals = BlockStopSignals();
+  InitLogging(STDERR_FILENO, args.log_level, "gateway");
+  if (args.options.token.empty()) {
+    if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.options.token = t;
+  }
+  auto gw = gateway::Gateway::Start(args.options);
+  if (!gw.ok()) {
+    std::cerr << "nbos gateway: " << gw.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "gateway: http://" << args.options.address << ":" << (*gw)->port()
+            << " control: " << (*gw)->control_address() << std::endl;
+  WaitForSignal(signals);
+  (*gw)->Stop();
+  return 0;
+}
+
+int RunDaemon(DaemonArgs& args, const std::string& self_path) {
+  const sigset_t signals = BlockStopSignals();
+  InitLogging(STDERR_FILENO, args.log_level, "daemon");
+  if (args.options.nbos_binary.empty()) args.options.nbos_binary = self_path;
+  if (args.virtual_gpus_only) args.options.gpu_source = daemon::GpuSource::kVirtual;
+  auto d = daemon::Daemon::Start(args.options);
+  if (!d.ok()) {
+    std::cerr << "nbos daemon: " << d.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "daemon " << (*d)->server_id() << ": " << (*d)->address() << std::endl;
+  WaitForSignal(signals);
+  (*d)->Shutdown();
+  return 0;
+}
+
+// ---------- nbos up ----------
+
+struct Child {
+  std::string name;
+  std::vector<std::string> argv;
+  pid_t pid = -1;
+  int restarts = 0;
+};
+
+pid_t Spawn(const Child& c, const std::string& log_path) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: default signal mask and handlers, output to its log.
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  FILE* log = std::fopen(log_path.c_str(), "a");
+  if (log != nullptr) {
+    dup2(fileno(log), STDOUT_FILENO);
+    dup2(fileno(log), STDERR_FILENO);
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : c.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  _exit(127);
+}
+
+// Polls `url`'s /api until it answers or `timeout` passes; uses a plain socket (no client
+// library for one GET).
+bool GatewayAnswers(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[64] = {};
+      ok =
+          read(fd, buf, sizeof(buf) - 1) > 0 && std::string(buf).find(" 200 ") != std::string::npos;
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
+  // Daemons first (they stop their replicas), then the gateway.
+  for (auto it = children.rbegin(); it != children.rend(); ++it) {
+    if (it->pid <= 0) continue;
+    kill(it->pid, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    int status;
+    while (waitpid(it->pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(it->pid, SIGKILL);
+        waitpid(it->pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    it->pid = -1;
+  }
+  // Orphans (replicas of a daemon that was killed) were re-parented to us as the subreaper.
+  for (;;) {
+    bool any = false;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const std::string name = entry.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t close_paren = line.rfind(')');
+      if (close_paren == std::string::npos) continue;
+      std::istringstream rest(line.substr(close_paren + 2));
+      char state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      if (ppid != getpid()) continue;
+      const pid_t pid = std::stoi(name);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      any = true;
+    }
+    if (!any) break;
+  }
+}
+
+int RunUp(UpArgs& args, const std::string& self_path) {
+  const sigset_t signals = BlockStopSignals();
+  if (args.hosts < 3) {
+    std::cerr << "nbos up: --hosts must be at least 3 (each kernel has three replicas)\n";
+    return 2;
+  }
+  if (args.state_dir.empty()) args.state_dir = DefaultStateDir();
+  if (args.token.empty()) {
+    if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.token = t;
+  }
+  if (args.token.empty()) {
+    args.token = NewUuid();
+    args.token.erase(std::remove(args.token.begin(), args.token.end(), '-'), args.token.end());
+  }
+  std::error_code ec;
+  fs::create_directories(args.state_dir + "/logs", ec);
+  if (ec) {
+    std::cerr << "nbos up: cannot create " << args.state_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  args.state_dir = fs::canonical(args.state_dir).string();
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  if (args.port == 0) args.port = FreePort();
+  const std::string control = "127.0.0.1:" + std::to_string(FreePort());
+
+  std::vector<Child> children;
+  children.push_back({"gateway",
+                      {self_path, "gateway", "--port", std::to_string(args.port),
+                       "--control-address", control, "--state-dir", args.state_dir + "/gateway",
+                       "--token", args.token, "--log-level", args.log_level}});
+  for (int i = 1; i <= args.hosts; ++i) {
+    const std::string id = "host-" + std::to_string(i);
+    children.push_back({id,
+                        {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
+                         std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
+                         args.state_dir + "/" + id, "--blob-store",
+                         "dir://" + args.state_dir + "/blobs", "--log-level", args.log_level}});
+  }
+  auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
+  children[0].pid = Spawn(children[0], log_of(children[0]));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!GatewayAnswers(args.port)) {
+    int status;
+    if (waitpid(children[0].pid, &status, WNOHANG) == children[0].pid ||
+        std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "nbos up: the gateway did not start; see " << log_of(children[0]) << "\n";
+      children[0].pid = -1;
+      StopAll(children, std::chrono::seconds(5));
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (size_t i = 1; i < children.size(); ++i)
+    children[i].pid = Spawn(children[i], log_of(children[i]));
+  std::cout << "gateway: http://127.0.0.1:" << args.port << " token: " << args.token << std::endl;
+
+  // Serve until told to stop; restart a child that dies (a restarted gateway finds its kernels
+  // in its database, a restarted daemon its replicas' directories).
+  std::atomic<bool> stop{false};
+  std::thread reaper([&] {
+    while (!stop.load()) {
+      int status;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      for (Child& c : children) {
+        if (c.pid != pid || stop.load()) continue;
+        std::cerr << "nbos up: " << c.name << " exited (status " << status << "); restarting\n";
+        ++c.restarts;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        c.pid = Spawn(c, log_of(c));
+      }
+    }
+  });
+  const int signal_number = WaitForSignal(signals);
+  stop = true;
+  reaper.join();
+  std::cerr << "nbos up: " << strsignal(signal_number) << ", stopping\n";
+  StopAll(children, std::chrono::seconds(15));
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
+  auto gw_args = std::make_shared<GatewayArgs>();
+  auto* gw =
+      app.add_subcommand("gateway", "Serve the Jupyter Kernel Gateway API (global scheduler)");
+  gw->add_option("--address", gw_args->options.address, "HTTP bind address")->capture_default_str();
+  gw->add_option("--port", gw_args->options.port, "HTTP port (0: any)")->capture_default_str();
+  gw->add_option("--control-address", gw_args->options.control_address,
+                 "host:port of the gRPC service daemons register with")
+      ->capture_default_str();
+  gw->add_option("--token", gw_args->options.token,
+                 "Token clients must send (default: $NBOS_TOKEN)");
+  gw->add_flag("--allow-unauthenticated", gw_args->options.allow_unauthenticated,
+               "Serve without a token");
+  gw->add_option("--state-dir", gw_args->options.state_dir, "Where gateway.db lives")->required();
+  gw->add_option("--replicas", gw_args->options.replicas, "Replicas per kernel")
+      ->capture_default_str();
+  gw->add_option("--max-message-bytes", gw_args->options.max_message_bytes,
+                 "Largest HTTP body or Jupyter message accepted")
+      ->capture_default_str();
+  gw->add_option("--allowed-env", gw_args->options.allowed_env,
+                 "Besides KERNEL_*, environment variables passed to kernels");
+  gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
+
+  auto d_args = std::make_shared<DaemonArgs>();
+  auto* d = app.add_subcommand("daemon", "Run the local scheduler of one GPU server");
+  d->add_option("--server-id", d_args->options.server_id, "Server name (default: host name)");
+  d->add_option("--listen", d_args->options.listen_address, "host:port of the Daemon service")
+      ->capture_default_str();
+  d->add_option("--gateway", d_args->options.gateway_address,
+                "host:port of the gateway's control service");
+  d->add_option("--state-dir", d_args->options.state_dir, "Replica directories")->required();
+  d->add_option("--gpus", d_args->options.virtual_gpus,
+                "Virtual GPUs when NVML finds none (or with --virtual-gpus)");
+  d->add_flag("--virtual-gpus", d_args->virtual_gpus_only, "Use virtual GPUs even if NVML works");
+  d->add_option("--vram-per-gpu", d_args->options.vram_mb_per_gpu, "MB of each virtual GPU")
+      ->capture_default_str();
+  d->add_option("--millicpus", d_args->options.millicpus, "CPU capacity (0: online CPUs)");
+  d->add_option("--memory-mb", d_args->options.memory_mb, "Memory capacity (0: physical)");
+  d->add_option("--blob-store", d_args->options.blob_store_url,
+                "Blob store of the replicas (default dir://STATE/blobs)");
+  d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
+  d->add_option("--log-level", d_args->log_level)->capture_default_str();
+
+  auto up_args = std::make_shared<UpArgs>();
+  auto* up =
+      app.add_subcommand("up", "Start a gateway and daemons with virtual GPUs on this machine");
+  up->add_option("--hosts", up_args->hosts, "Daemons (servers) to start")->capture_default_str();
+  up->add_option("--gpus-per-host", up_args->gpus_per_host, "Virtual GPUs per server")
+      ->capture_default_str();
+  up->add_option("--port", up_args->port, "Gateway HTTP port (0: any)")->capture_default_str();
+  up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
+  up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--log-level", up_args->log_level)->capture_default_str();
+
+  return [=]() -> int {
+    if (*gw) return RunGateway(*gw_args);
+    if (*d) return RunDaemon(*d_args, self_path);
+    if (*up) return RunUp(*up_args, self_path);
+    return -1;
+  };
+}
+
+}  // namespace nbos::app

@@ -1,0 +1,515 @@
+#include "daemon/daemon.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "common/ids.h"
+#include "control/control.grpc.pb.h"
+#include "daemon/grpc_status.h"
+
+namespace nbos::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+
+// In-flight RPCs get this long after Shutdown() before they are cancelled.
+constexpr auto kServerShutdownGrace = std::chrono::seconds(2);
+
+ResourceVector FromProto(const control::Resources& r) {
+  return {r.millicpus(), r.memory_mb(), r.gpus(), r.vram_mb()};
+}
+
+void ToProto(const ResourceVector& r, control::Resources* out) {
+  out->set_millicpus(r.millicpus);
+  out->set_memory_mb(r.memory_mb);
+  out->set_gpus(r.gpus);
+  out->set_vram_mb(r.vram_mb);
+}
+
+// Kernel ids name directories, so they are restricted to a safe alphabet (UUIDs fit).
+bool ValidKernelId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id == "." || id == "..") return false;
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+Status ValidateKey(const std::string& kernel_id, uint32_t replica_id) {
+  if (!ValidKernelId(kernel_id)) {
+    return InvalidArgument("kernel id '" + kernel_id + "' is not [A-Za-z0-9._-]{1,128}");
+  }
+  if (replica_id == 0) return InvalidArgument("replica ids are positive");
+  return Status::Ok();
+}
+
+control::PrepareReplicaReply PrepareReply(const jupyter::ConnectionInfo& c,
+                                          const std::string& raft_address) {
+  control::PrepareReplicaReply reply;
+  control::ConnectionInfo* out = reply.mutable_connection();
+  out->set_ip(c.ip);
+  out->set_shell_port(c.shell_port);
+  out->set_iopub_port(c.iopub_port);
+  out->set_stdin_port(c.stdin_port);
+  out->set_control_port(c.control_port);
+  out->set_hb_port(c.hb_port);
+  out->set_key(c.key);
+  out->set_signature_scheme(c.signature_scheme);
+  out->set_transport(c.transport);
+  reply.set_raft_address(raft_address);
+  return reply;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// "host:port" split at the last colon; the host keeps IPv6 brackets.
+std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return {address, ""};
+  return {address.substr(0, colon), address.substr(colon + 1)};
+}
+
+}  // namespace
+
+// The gRPC face of the Daemon: converts and delegates.
+class Daemon::Service final : public control::Daemon::Service {
+ public:
+  explicit Service(nbos::daemon::Daemon* daemon) : daemon_(daemon) {}
+
+  grpc::Status PrepareReplica(grpc::ServerContext*, const control::PrepareReplicaRequest* req,
+                              control::PrepareReplicaReply* reply) override {
+    auto r = daemon_->PrepareReplica(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status LaunchReplica(grpc::ServerContext*, const control::LaunchReplicaRequest* req,
+                             control::LaunchReplicaReply* reply) override {
+    auto r = daemon_->LaunchReplica(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status StopReplica(grpc::ServerContext*, const control::StopReplicaRequest* req,
+                           control::StopReplicaReply*) override {
+    return ToGrpcStatus(daemon_->StopReplica(*req));
+  }
+  grpc::Status Grant(grpc::ServerContext*, const control::GrantRequest* req,
+                     control::GrantReply* reply) override {
+    *reply = daemon_->Grant(*req);
+    return grpc::Status::OK;
+  }
+  grpc::Status Release(grpc::ServerContext*, const control::ReleaseRequest* req,
+                       control::ReleaseReply* reply) override {
+    *reply = daemon_->Release(*req);
+    return grpc::Status::OK;
+  }
+  grpc::Status Status(grpc::ServerContext*, const control::StatusRequest*,
+                      control::ServerStatus* reply) override {
+    *reply = daemon_->GetStatus();
+    return grpc::Status::OK;
+  }
+
+ private:
+  nbos::daemon::Daemon* daemon_;
+};
+
+Daemon::Daemon(DaemonOptions options, GpuInventory gpus)
+    : options_(std::move(options)),
+      gpus_(std::move(gpus)),
+      ledger_(ResourceVector{options_.millicpus, options_.memory_mb, 0, 0}, gpus_.devices) {}
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
+  DaemonOptions options = given;
+  if (options.state_dir.empty()) return InvalidArgument("daemon needs a state directory");
+  if (options.nbos_binary.empty()) return InvalidArgument("daemon needs the nbos binary's path");
+  if (options.server_id.empty()) options.server_id = HostName();
+  if (options.millicpus <= 0) {
+    options.millicpus =
+        1000 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  if (options.memory_mb <= 0) {
+    options.memory_mb =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1024 * 1024);
+  }
+  std::error_code ec;
+  fs::create_directories(options.state_dir, ec);
+  if (ec) return Internal("cannot create " + options.state_dir + ": " + ec.message());
+  options.state_dir = fs::absolute(options.state_dir).string();
+  if (options.blob_store_url.empty()) {
+    options.blob_store_url = "dir://" + options.state_dir + "/blobs";
+  }
+
+  Result<GpuInventory> gpus =
+      DiscoverGpus({options.gpu_source, options.virtual_gpus, options.vram_mb_per_gpu});
+  if (!gpus.ok()) return gpus.status();
+
+  std::unique_ptr<Daemon> d(new Daemon(options, std::move(*gpus)));
+  d->replicas_dir_ = options.state_dir + "/replicas";
+  fs::create_directories(d->replicas_dir_, ec);
+  if (ec) return Internal("cannot create " + d->replicas_dir_ + ": " + ec.message());
+
+  SupervisorOptions sup;
+  sup.nbos_binary = options.nbos_binary;
+  sup.log_level = options.replica_log_level;
+  sup.max_restarts = options.max_restarts;
+  sup.restart_window = options.restart_window;
+  sup.restart_delay = options.restart_delay;
+  sup.stop_grace = options.stop_grace;
+  Daemon* raw = d.get();
+  sup.on_exit = [raw](const ReplicaKey& key, int code, bool restarting) {
+    raw->OnReplicaExit(key, code, restarting);
+  };
+  d->supervisor_ = std::make_unique<Supervisor>(std::move(sup));
+
+  d->service_ = std::make_unique<Service>(raw);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(d->service_.get());
+  d->server_ = builder.BuildAndStart();
+  if (!d->server_ || port == 0) {
+    d->server_.reset();
+    return Unavailable("cannot listen on " + options.listen_address);
+  }
+  auto [host, unused] = SplitHostPort(options.listen_address);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    host = options.advertise_ip;
+  }
+  d->address_ = fmt::format("{}:{}", host, port);
+
+  spdlog::info("daemon {} serving on {}: {} GPUs ({}), {} millicpus, {} MB", options.server_id,
+               d->address_, d->gpus_.devices.size(), d->gpus_.source, options.millicpus,
+               options.memory_mb);
+  if (!options.gateway_address.empty()) {
+    d->registration_ = std::thread([raw] { raw->RegistrationLoop(); });
+  }
+  return d;
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+bool Daemon::registered() const {
+  std::lock_guard lock(reg_mu_);
+  return registered_;
+}
+
+void Daemon::Wait() {
+  std::unique_lock lock(reg_mu_);
+  reg_cv_.wait(lock, [&] { return shut_down_; });
+}
+
+void Daemon::Shutdown() {
+  std::call_once(shutdown_once_, [&] {
+    {
+      std::lock_guard lock(reg_mu_);
+      stopping_ = true;
+    }
+    reg_cv_.notify_all();
+    if (registration_.joinable()) registration_.join();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + kServerShutdownGrace);
+    // Data is kept: the gateway may relaunch these replicas from their logs after a restart.
+    if (supervisor_) supervisor_->StopAll(/*keep_data=*/true);
+    spdlog::info("daemon {} stopped", options_.server_id);
+    {
+      std::lock_guard lock(reg_mu_);
+      shut_down_ = true;
+    }
+    reg_cv_.notify_all();
+  });
+}
+
+Result<control::PrepareReplicaReply> Daemon::PrepareReplica(
+    const control::PrepareReplicaRequest& req) {
+  if (Status s = ValidateKey(req.kernel_id(), req.replica_id()); !s.ok()) return s;
+  ReplicaKey key{req.kernel_id(), req.replica_id()};
+  std::lock_guard lock(mu_);
+  if (auto existing = supervisor_->Get(key)) {
+    // A retry whose reply was lost: same ports, same everything.
+    if (existing->connection.key != req.key()) {
+      return InvalidArgument("replica " + key.ToString() + " is prepared with another key");
+    }
+    return PrepareReply(existing->connection, existing->raft_address);
+  }
+  if (Status s = ledger_.Subscribe(key, FromProto(req.resources())); !s.ok()) return s;
+  auto jupyter_ports = port_allocator_.Reserve(5);
+  if (!jupyter_ports.ok()) {
+    ledger_.Unsubscribe(key);
+    return jupyter_ports.status();
+  }
+  auto raft_port = port_allocator_.ReservePair();
+  if (!raft_port.ok()) {
+    port_allocator_.Release(*jupyter_ports);
+    ledger_.Unsubscribe(key);
+    return raft_port.status();
+  }
+  std::vector<int> ports = *jupyter_ports;
+  ports.push_back(*raft_port);
+  ports.push_back(*raft_port + 1);
+
+  jupyter::ConnectionInfo c;
+  c.transport = "tcp";
+  c.ip = options_.advertise_ip;
+  c.shell_port = ports[0];
+  c.iopub_port = ports[1];
+  c.stdin_port = ports[2];
+  c.control_port = ports[3];
+  c.hb_port = ports[4];
+  c.key = req.key();
+  c.signature_scheme = "hmac-sha256";
+  c.kernel_name = "nbos";
+  std::string raft_address = fmt::format("{}:{}", options_.advertise_ip, *raft_port);
+  std::string dir = fmt::format("{}/{}-{}", replicas_dir_, key.kernel_id, key.replica_id);
+
+  // A directory without a prepared replica is left by an earlier daemon. A new preparation is
+  // a new Raft member (new address), so its old log must not be replayed.
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    spdlog::warn("replica {}: removing stale directory {}", key.ToString(), dir);
+    fs::remove_all(dir, ec);
+  }
+  if (Status s = supervisor_->Prepare(key, dir, c, raft_address); !s.ok()) {
+    port_allocator_.Release(ports);
+    ledger_.Unsubscribe(key);
+    return s;
+  }
+  ports_[key] = ports;
+  spdlog::info("replica {} prepared: shell {}, raft {}", key.ToString(), c.shell_port,
+               raft_address);
+
+  return PrepareReply(c, raft_address);
+}
+
+Result<control::LaunchReplicaReply> Daemon::LaunchReplica(
+    const control::LaunchReplicaRequest& req) {
+  if (Status s = ValidateKey(req.kernel_id(), req.replica_id()); !s.ok()) return s;
+  ReplicaKey key{req.kernel_id(), req.replica_id()};
+  auto prepared = supervisor_->Get(key);
+  if (!prepared) return NotFound("replica " + key.ToString() + " is not prepared here");
+  std::vector<std::pair<uint32_t, std::string>> peers;
+  bool self_listed = false;
+  for (const control::Peer& p : req.peers()) {
+    if (p.replica_id() == 0 || p.raft_address().empty()) {
+      return InvalidArgument("peers need a positive replica id and a Raft address");
+    }
+    if (p.replica_id() == key.replica_id) {
+      if (p.raft_address() != prepared->raft_address) {
+        return InvalidArgument(fmt::format("replica {} was prepared at {}, not {}", key.ToString(),
+                                           prepared->raft_address, p.raft_address()));
+      }
+      self_listed = true;
+    }
+    peers.emplace_back(p.replica_id(), p.raft_address());
+  }
+  if (!peers.empty() && !self_listed) {
+    return InvalidArgument("the peer list must include replica " + key.ToString());
+  }
+  std::string blob_store =
+      req.blob_store_url().empty() ? options_.blob_store_url : req.blob_store_url();
+  std::map<std::string, std::string> env(req.env().begin(), req.env().end());
+  auto pid = supervisor_->Launch(key, peers, blob_store, env);
+  if (!pid.ok()) return pid.status();
+  control::LaunchReplicaReply reply;
+  reply.set_pid(*pid);
+  NudgeHeartbeat();
+  return reply;
+}
+
+Status Daemon::StopReplica(const control::StopReplicaRequest& req) {
+  if (Status s = ValidateKey(req.kernel_id(), req.replica_id()); !s.ok()) return s;
+  ReplicaKey key{req.kernel_id(), req.replica_id()};
+  // Without mu_: this waits out the grace period, and grants for other replicas go on.
+  Status stopped = supervisor_->Stop(key, req.keep_data());
+  bool known = false;
+  {
+    std::lock_guard lock(mu_);
+    known = ledger_.IsSubscribed(key);
+    for (const std::string& id : ledger_.Unsubscribe(key)) {
+      spdlog::info("replica {} stopped holding grant {}; released", key.ToString(), id);
+    }
+    auto it = ports_.find(key);
+    if (it != ports_.end()) {
+      port_allocator_.Release(it->second);
+      ports_.erase(it);
+    }
+  }
+  NudgeHeartbeat();
+  if (stopped.code() == StatusCode::kNotFound && known) return Status::Ok();
+  return stopped;
+}
+
+control::GrantReply Daemon::Grant(const control::GrantRequest& req) {
+  control::GrantReply reply;
+  if (Status s = ValidateKey(req.kernel_id(), req.replica_id()); !s.ok()) {
+    reply.set_reason(s.message());
+    return reply;
+  }
+  if (req.exec_id().empty()) {
+    reply.set_reason("a grant needs an exec id");
+    return reply;
+  }
+  ReplicaKey key{req.kernel_id(), req.replica_id()};
+  GrantDecision d;
+  {
+    std::lock_guard lock(mu_);
+    d = ledger_.Grant(key, req.exec_id(), req.gpus(), req.vram_mb(), NewUuid());
+  }
+  reply.set_granted(d.granted);
+  if (d.granted) {
+    reply.set_grant_id(d.grant.grant_id);
+    for (int id : d.grant.device_ids) reply.add_device_ids(id);
+    if (!d.repeated) {
+      spdlog::info("grant {}: GPUs [{}] to {} for {}", d.grant.grant_id,
+                   fmt::join(d.grant.device_ids, ","), key.ToString(), req.exec_id());
+    }
+  } else {
+    reply.set_reason(d.reason);
+    spdlog::info("grant refused to {} for {}: {}", key.ToString(), req.exec_id(), d.reason);
+  }
+  return reply;
+}
+
+control::ReleaseReply Daemon::Release(const control::ReleaseRequest& req) {
+  control::ReleaseReply reply;
+  std::lock_guard lock(mu_);
+  reply.set_released(ledger_.Release(req.grant_id()));
+  if (reply.released()) spdlog::debug("grant {} released", req.grant_id());
+  return reply;
+}
+
+control::ServerStatus Daemon::GetStatus() const {
+  control::ServerStatus status;
+  status.set_server_id(options_.server_id);
+  status.set_gpus_virtual(gpus_.is_virtual);
+  {
+    std::lock_guard lock(mu_);
+    control::Ledger* l = status.mutable_ledger();
+    ToProto(ledger_.spec(), l->mutable_spec());
+    ToProto(ledger_.subscribed(), l->mutable_subscribed());
+    ToProto(ledger_.committed(), l->mutable_committed());
+    for (int id : ledger_.idle_device_ids()) l->add_idle_gpu_ids(id);
+  }
+  for (const ReplicaProcess& p : supervisor_->List()) {
+    control::ReplicaStatus* r = status.add_replicas();
+    r->set_kernel_id(p.key.kernel_id);
+    r->set_replica_id(p.key.replica_id);
+    r->set_pid(p.pid);
+    r->set_state(std::string(ReplicaStateName(p.state)));
+    r->set_exit_code(p.exit_code);
+    r->set_restarts(p.restarts);
+  }
+  return status;
+}
+
+void Daemon::OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting) {
+  {
+    // A dead process holds no GPU: whatever it was granted is free again.
+    std::lock_guard lock(mu_);
+    for (const std::string& id : ledger_.ReleaseAll(key)) {
+      spdlog::warn("replica {} exited ({}) holding grant {}; released", key.ToString(), exit_code,
+                   id);
+    }
+  }
+  (void)restarting;
+  NudgeHeartbeat();
+}
+
+void Daemon::NudgeHeartbeat() {
+  {
+    std::lock_guard lock(reg_mu_);
+    heartbeat_now_ = true;
+  }
+  reg_cv_.notify_all();
+}
+
+void Daemon::RegistrationLoop() {
+  // gRPC's default reconnect backoff starts at 1 s and grows to 120 s; a gateway that restarts
+  // should see its servers again within a couple of seconds.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  auto channel =
+      grpc::CreateCustomChannel(options_.gateway_address, grpc::InsecureChannelCredentials(), args);
+  auto stub = control::Gateway::NewStub(channel);
+  auto interval = options_.default_heartbeat_interval;
+  bool registered = false;
+  bool warned = false;  // one warning per unreachable streak, not one per retry
+  std::unique_lock lock(reg_mu_);
+  while (!stopping_) {
+    heartbeat_now_ = false;
+    lock.unlock();
+    auto deadline = std::chrono::system_clock::now() + options_.gateway_rpc_timeout;
+    std::chrono::milliseconds wait = interval;
+    if (!registered) {
+      control::RegisterRequest req;
+      req.set_server_id(options_.server_id);
+      req.set_daemon_address(address_);
+      {
+        std::lock_guard ledger_lock(mu_);
+        ToProto(ledger_.spec(), req.mutable_spec());
+      }
+      req.set_gpus_virtual(gpus_.is_virtual);
+      control::RegisterReply reply;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      grpc::Status s = stub->Register(&ctx, req, &reply);
+      if (s.ok()) {
+        registered = true;
+        warned = false;
+        if (reply.heartbeat_interval_ms() > 0) {
+          interval = std::chrono::milliseconds(reply.heartbeat_interval_ms());
+        }
+        spdlog::info("daemon {} registered with gateway {} (heartbeat every {} ms)",
+                     options_.server_id, options_.gateway_address, interval.count());
+        wait = std::chrono::milliseconds(0);  // the gateway wants the ledger right away
+      } else {
+        if (!warned) {
+          spdlog::warn("daemon {}: cannot register with gateway {}: {}", options_.server_id,
+                       options_.gateway_address, s.error_message());
+          warned = true;
+        }
+        wait = options_.register_retry;
+      }
+    } else {
+      control::HeartbeatRequest req;
+      *req.mutable_status() = GetStatus();
+      control::HeartbeatReply reply;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      grpc::Status s = stub->Heartbeat(&ctx, req, &reply);
+      if (!s.ok()) {
+        // The gateway may have restarted and lost us; register again when it is back.
+        spdlog::warn("daemon {}: heartbeat to {} failed: {}", options_.server_id,
+                     options_.gateway_address, s.error_message());
+        registered = false;
+        warned = true;
+        wait = options_.register_retry;
+      } else if (!reply.known()) {
+        spdlog::info("daemon {}: gateway does not know this server; registering again",
+                     options_.server_id);
+        registered = false;
+        wait = std::chrono::milliseconds(0);
+      }
+    }
+    lock.lock();
+    registered_ = registered;
+    // A nudge (a replica exited or changed) sends the next heartbeat early; it does not make
+    // registration retries any faster.
+    reg_cv_.wait_for(lock, wait, [&] { return stopping_ || (registered && heartbeat_now_); });
+  }
+}
+
+}  // namespace nbos::daemon

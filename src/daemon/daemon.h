@@ -1,0 +1,140 @@
+// `nbos daemon`: the local scheduler of one GPU server (DESIGN.md §2, §5, §6). It owns the
+// server's resources and ledger, prepares, launches, watches and stops replica processes, and
+// grants GPUs to executions. It serves the nbos.control.Daemon gRPC service and keeps itself
+// registered with the gateway's nbos.control.Gateway service (Register, then Heartbeat every
+// heartbeat_interval_ms; it registers again when a heartbeat fails or the gateway does not know
+// it).
+//
+// Replica directories live under STATE_DIR/replicas/KERNEL-REPLICA (see supervisor.h).
+//
+// The public operations below are the same the gRPC service serves, callable in-process; all
+// are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "control/control.pb.h"
+#include "daemon/gpu_inventory.h"
+#include "daemon/ledger.h"
+#include "daemon/ports.h"
+#include "daemon/supervisor.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace nbos::daemon {
+
+struct DaemonOptions {
+  std::string server_id;                       // empty: the host name
+  std::string listen_address = "127.0.0.1:0";  // Daemon gRPC service; port 0 = ephemeral
+  std::string gateway_address;                 // Gateway gRPC service; empty = do not register
+  std::string state_dir;                       // required; created if missing
+  std::string nbos_binary;                     // `nbos` to run replicas with; required
+  std::string blob_store_url;                  // default for launches; empty: dir://STATE/blobs
+  GpuSource gpu_source = GpuSource::kAuto;     // NVML when present, else virtual GPUs
+  int virtual_gpus = 0;                        // --gpus N
+  int64_t vram_mb_per_gpu = 16384;             // VRAM of each virtual GPU
+  int64_t millicpus = 0;                       // 0: online CPUs × 1000
+  int64_t memory_mb = 0;                       // 0: physical memory
+  std::string advertise_ip = "127.0.0.1";      // replicas bind and are reached here (IPv4)
+  std::string replica_log_level = "info";      // --log-level of replicas
+  // Replica restarts (see SupervisorOptions).
+  int max_restarts = 5;
+  std::chrono::milliseconds restart_window{std::chrono::minutes(5)};
+  std::chrono::milliseconds restart_delay{std::chrono::milliseconds(300)};
+  std::chrono::milliseconds stop_grace{std::chrono::seconds(5)};
+  // Gateway calls: deadline of each, pause between failed registrations, and the heartbeat
+  // interval used until the gateway's RegisterReply names one.
+  std::chrono::milliseconds gateway_rpc_timeout{std::chrono::seconds(3)};
+  std::chrono::milliseconds register_retry{std::chrono::seconds(1)};
+  std::chrono::milliseconds default_heartbeat_interval{std::chrono::seconds(2)};
+};
+
+class Daemon {
+ public:
+  // Discovers GPUs, creates STATE_DIR, starts the gRPC server and (when gateway_address is set)
+  // the registration loop. Errors: InvalidArgument for missing options, Unavailable when the
+  // listen address cannot be bound, Internal when the state directory cannot be created.
+  static Result<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+
+  ~Daemon();  // Shutdown()
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // "host:port" of the Daemon service, as registered with the gateway (a wildcard listen host
+  // is replaced by advertise_ip).
+  std::string address() const { return address_; }
+  const std::string& server_id() const { return options_.server_id; }
+  bool gpus_virtual() const { return gpus_.is_virtual; }
+  // Whether the last Register or Heartbeat succeeded with known = true.
+  bool registered() const;
+
+  // Blocks until Shutdown() has finished (from another thread).
+  void Wait();
+  // Stops registering, stops the gRPC server (in-flight calls get a short grace), and stops
+  // every replica process (SIGTERM, then SIGKILL), keeping their directories so a restarted
+  // cluster can find them. Idempotent. Not from a gRPC handler or a signal handler.
+  void Shutdown();
+
+  // The Daemon service's operations (control.proto). Errors: InvalidArgument for malformed
+  // requests (kernel ids must be [A-Za-z0-9._-]+, replica ids positive), NotFound for unknown
+  // replicas, ResourceExhausted when no ports are left, Internal for spawn and disk failures.
+  //
+  // PrepareReplica is idempotent: a replica already prepared gets its connection back.
+  // A fresh preparation wipes a stale directory of the same replica left by an earlier daemon.
+  Result<control::PrepareReplicaReply> PrepareReplica(const control::PrepareReplicaRequest& req);
+  // Peers must include this replica at its prepared Raft address, or be empty (join an
+  // existing group). A running replica is not started twice.
+  Result<control::LaunchReplicaReply> LaunchReplica(const control::LaunchReplicaRequest& req);
+  // Stops the process, releases its grants, subscription and ports; removes the directory
+  // unless keep_data.
+  Status StopReplica(const control::StopReplicaRequest& req);
+  // Refusals are replies (granted = false, reason), not errors.
+  control::GrantReply Grant(const control::GrantRequest& req);
+  control::ReleaseReply Release(const control::ReleaseRequest& req);
+  control::ServerStatus GetStatus() const;
+
+ private:
+  class Service;
+
+  explicit Daemon(DaemonOptions options, GpuInventory gpus);
+  void RegistrationLoop();
+  void OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting);
+  void NudgeHeartbeat();
+
+  DaemonOptions options_;
+  const GpuInventory gpus_;
+  std::string address_;
+  std::string replicas_dir_;
+
+  mutable std::mutex mu_;
+  Ledger ledger_;                                 // guarded by mu_
+  std::map<ReplicaKey, std::vector<int>> ports_;  // ports handed to each replica; mu_
+  PortAllocator port_allocator_;
+  std::unique_ptr<Supervisor> supervisor_;
+
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+
+  // Registration loop and shutdown.
+  mutable std::mutex reg_mu_;
+  std::condition_variable reg_cv_;
+  bool stopping_ = false;       // guarded by reg_mu_
+  bool heartbeat_now_ = false;  // guarded by reg_mu_
+  bool registered_ = false;     // guarded by reg_mu_
+  bool shut_down_ = false;      // guarded by reg_mu_: Shutdown() finished
+  std::thread registration_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace nbos::daemon

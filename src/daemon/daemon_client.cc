@@ -1,0 +1,83 @@
+#include "daemon/daemon_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "control/control.grpc.pb.h"
+#include "daemon/grpc_status.h"
+
+namespace nbos::daemon {
+
+struct DaemonClient::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<control::Daemon::Stub> stub;
+
+  // One unary call with a deadline; `what` names it in errors.
+  template <typename Req, typename Reply, typename Method>
+  Result<Reply> Call(Method method, const Req& req, std::chrono::milliseconds timeout,
+                     const std::string& what) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    Reply reply;
+    grpc::Status s = (stub.get()->*method)(&ctx, req, &reply);
+    if (!s.ok()) return FromGrpcStatus(s, what);
+    return reply;
+  }
+};
+
+DaemonClient::DaemonClient(std::string address, DaemonClientOptions options)
+    : address_(std::move(address)), options_(options), impl_(std::make_unique<Impl>()) {
+  // A daemon that restarts should be reachable again within a couple of seconds, not after
+  // gRPC's default backoff (up to 120 s).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  impl_->channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  impl_->stub = control::Daemon::NewStub(impl_->channel);
+}
+
+DaemonClient::~DaemonClient() = default;
+
+Result<control::PrepareReplicaReply> DaemonClient::PrepareReplica(
+    const control::PrepareReplicaRequest& req) {
+  return impl_->Call<control::PrepareReplicaRequest, control::PrepareReplicaReply>(
+      &control::Daemon::Stub::PrepareReplica, req, options_.timeout,
+      "PrepareReplica on " + address_);
+}
+
+Result<control::LaunchReplicaReply> DaemonClient::LaunchReplica(
+    const control::LaunchReplicaRequest& req) {
+  return impl_->Call<control::LaunchReplicaRequest, control::LaunchReplicaReply>(
+      &control::Daemon::Stub::LaunchReplica, req, options_.launch_timeout,
+      "LaunchReplica on " + address_);
+}
+
+Status DaemonClient::StopReplica(const control::StopReplicaRequest& req) {
+  return impl_
+      ->Call<control::StopReplicaRequest, control::StopReplicaReply>(
+          &control::Daemon::Stub::StopReplica, req, options_.stop_timeout,
+          "StopReplica on " + address_)
+      .status();
+}
+
+Result<control::GrantReply> DaemonClient::Grant(const control::GrantRequest& req) {
+  return impl_->Call<control::GrantRequest, control::GrantReply>(
+      &control::Daemon::Stub::Grant, req, options_.timeout, "Grant on " + address_);
+}
+
+Result<bool> DaemonClient::Release(const std::string& grant_id) {
+  control::ReleaseRequest req;
+  req.set_grant_id(grant_id);
+  auto reply = impl_->Call<control::ReleaseRequest, control::ReleaseReply>(
+      &control::Daemon::Stub::Release, req, options_.timeout, "Release on " + address_);
+  if (!reply.ok()) return reply.status();
+  return reply->released();
+}
+
+Result<control::ServerStatus> DaemonClient::GetStatus() {
+  return impl_->Call<control::StatusRequest, control::ServerStatus>(
+      &control::Daemon::Stub::Status, control::StatusRequest{}, options_.timeout,
+      "Status on " + address_);
+}
+
+}  // namespace nbos::daemon

@@ -1,0 +1,384 @@
+#include "daemon/supervisor.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/ids.h"
+
+extern char** environ;
+
+namespace nbos::daemon {
+namespace {
+
+namespace fs = std::filesystem;
+
+// After SIGKILL the process is gone as soon as the watch thread polls; this only bounds a wait
+// that should never be reached (e.g. a process stuck in uninterruptible sleep).
+constexpr auto kKillWait = std::chrono::seconds(10);
+
+std::string ConnectionPath(const std::string& dir) { return dir + "/connection.json"; }
+
+// The daemon's environment as NAME=VALUE strings, with `overrides` applied in order.
+std::vector<std::string> BuildEnvironment(
+    const std::vector<std::map<std::string, std::string>>& overrides) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& layer : overrides) {
+    for (const auto& [k, v] : layer) env[k] = v;
+  }
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return -1;
+}
+
+std::string DescribeExit(int code) {
+  if (code >= 0) return fmt::format("exited with status {}", code);
+  return fmt::format("was killed by signal {} ({})", -code, strsignal(-code));
+}
+
+}  // namespace
+
+std::string_view ReplicaStateName(ReplicaState state) {
+  switch (state) {
+    case ReplicaState::kPrepared:
+      return "prepared";
+    case ReplicaState::kRunning:
+      return "running";
+    case ReplicaState::kRestarting:
+      return "restarting";
+    case ReplicaState::kExited:
+      return "exited";
+    case ReplicaState::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
+Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+Supervisor::~Supervisor() {
+  StopAll(/*keep_data=*/true);
+  {
+    std::lock_guard lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+  watcher_.join();
+}
+
+Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
+                           const jupyter::ConnectionInfo& connection,
+                           const std::string& raft_address) {
+  std::lock_guard lock(mu_);
+  if (children_.contains(key)) {
+    return InvalidArgument("replica " + key.ToString() + " is already prepared");
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(dir) / "data", ec);
+  if (ec) return Internal("cannot create " + dir + ": " + ec.message());
+  {
+    std::ofstream out(ConnectionPath(dir), std::ios::trunc);
+    out << jupyter::ConnectionInfoToJson(connection);
+    if (!out) return Internal("cannot write " + ConnectionPath(dir));
+  }
+  // The file holds the kernel's signing key.
+  fs::permissions(ConnectionPath(dir), fs::perms::owner_read | fs::perms::owner_write,
+                  fs::perm_options::replace, ec);
+  Child child;
+  child.info.key = key;
+  child.info.dir = dir;
+  child.info.raft_address = raft_address;
+  child.info.connection = connection;
+  children_.emplace(key, std::move(child));
+  return Status::Ok();
+}
+
+Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
+                                 const std::vector<std::pair<uint32_t, std::string>>& peers,
+                                 const std::string& blob_store_url,
+                                 const std::map<std::string, std::string>& env) {
+  std::lock_guard lock(mu_);
+  auto it = children_.find(key);
+  if (it == children_.end()) return NotFound("replica " + key.ToString() + " is not prepared");
+  Child& child = it->second;
+  if (child.stopping) return Unavailable("replica " + key.ToString() + " is being stopped");
+  if (child.info.state == ReplicaState::kRunning || child.info.state == ReplicaState::kRestarting) {
+    return child.info.pid;  // a repeated launch (the gateway retried)
+  }
+  const std::string& dir = child.info.dir;
+  std::vector<std::string> argv = {options_.nbos_binary,
+                                   "replica",
+                                   "-f",
+                                   ConnectionPath(dir),
+                                   "--id",
+                                   std::to_string(key.replica_id),
+                                   "--raft",
+                                   child.info.raft_address,
+                                   "--data-dir",
+                                   dir + "/data",
+                                   "--blob-store",
+                                   blob_store_url,
+                                   "--log-level",
+                                   options_.log_level};
+  for (const auto& [id, address] : peers) argv.push_back(fmt::format("--peer={}={}", id, address));
+  child.argv = std::move(argv);
+  child.envp = BuildEnvironment(
+      {{{"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}},
+       env,
+       {{"NBOS_KERNEL_ID", key.kernel_id}, {"NBOS_REPLICA_ID", std::to_string(key.replica_id)}}});
+  child.restart_times.clear();
+  if (Status s = Spawn(child); !s.ok()) return s;
+  cv_.notify_all();
+  return child.info.pid;
+}
+
+Status Supervisor::Spawn(Child& child) {
+  const std::string log_path = child.info.dir + "/replica.log";
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return Internal("cannot open " + log_path + ": " + strerror(errno));
+  std::string banner = fmt::format("--- nbos daemon: starting replica {} at {} (restart {}) ---\n",
+                                   child.info.key.ToString(), NowIsoUtc(), child.info.restarts);
+  [[maybe_unused]] ssize_t w = write(log_fd, banner.data(), banner.size());
+
+  // posix_spawn (vfork-like in glibc) rather than fork: the daemon is multi-threaded (gRPC).
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, log_fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // no inherited daemon sockets
+  posix_spawn_file_actions_addchdir_np(&actions, child.info.dir.c_str());
+
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // Its own process group, so Stop() reaches whatever the replica's cells started too.
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  // Ignored dispositions survive exec (gRPC ignores SIGPIPE); the replica expects defaults.
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2}) {
+    sigaddset(&defaults, sig);
+  }
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+
+  std::vector<char*> argv = CStrings(child.argv);
+  std::vector<char*> envp = CStrings(child.envp);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  close(log_fd);
+  if (rc != 0) {
+    return Internal(fmt::format("cannot start {}: {}", child.argv[0], strerror(rc)));
+  }
+  child.info.pid = pid;
+  child.info.state = ReplicaState::kRunning;
+  spdlog::info("replica {} started, pid {}", child.info.key.ToString(), pid);
+  return Status::Ok();
+}
+
+Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
+  std::string dir;
+  {
+    std::unique_lock lock(mu_);
+    if (!children_.contains(key)) return NotFound("replica " + key.ToString() + " is unknown");
+    TerminateLocked(lock, {key});
+    auto it = children_.find(key);
+    if (it == children_.end()) return Status::Ok();  // a concurrent Stop finished first
+    dir = it->second.info.dir;
+    children_.erase(it);
+  }
+  spdlog::info("replica {} stopped{}", key.ToString(), keep_data ? ", data kept" : "");
+  if (!keep_data) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) return Internal("cannot remove " + dir + ": " + ec.message());
+  }
+  return Status::Ok();
+}
+
+void Supervisor::StopAll(bool keep_data) {
+  std::vector<std::string> dirs;
+  {
+    std::unique_lock lock(mu_);
+    std::vector<ReplicaKey> keys;
+    for (const auto& [key, child] : children_) keys.push_back(key);
+    if (keys.empty()) return;
+    TerminateLocked(lock, keys);
+    for (const ReplicaKey& key : keys) {
+      auto it = children_.find(key);
+      if (it == children_.end()) continue;
+      dirs.push_back(it->second.info.dir);
+      children_.erase(it);
+    }
+  }
+  if (!keep_data) {
+    for (const std::string& dir : dirs) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  }
+}
+
+void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,
+                                 const std::vector<ReplicaKey>& keys) {
+  for (const ReplicaKey& key : keys) {
+    auto it = children_.find(key);
+    if (it == children_.end()) continue;
+    it->second.stopping = true;
+    it->second.info.state = ReplicaState::kStopped;
+    if (it->second.info.pid > 0) kill(-it->second.info.pid, SIGTERM);
+  }
+  auto all_reaped = [&] {
+    for (const ReplicaKey& key : keys) {
+      auto it = children_.find(key);
+      if (it != children_.end() && it->second.info.pid > 0) return false;
+    }
+    return true;
+  };
+  if (cv_.wait_for(lock, options_.stop_grace, all_reaped)) return;
+  for (const ReplicaKey& key : keys) {
+    auto it = children_.find(key);
+    if (it == children_.end() || it->second.info.pid <= 0) continue;
+    spdlog::warn("replica {} (pid {}) ignored SIGTERM for {} ms; killing it", key.ToString(),
+                 it->second.info.pid, options_.stop_grace.count());
+    kill(-it->second.info.pid, SIGKILL);
+  }
+  if (!cv_.wait_for(lock, kKillWait, all_reaped)) {
+    spdlog::error("replica processes survived SIGKILL for {} s", kKillWait.count());
+  }
+}
+
+void Supervisor::Watch() {
+  std::unique_lock lock(mu_);
+  while (!shutdown_) {
+    std::vector<ExitEvent> exits;
+    Poll(&exits);
+    if (!exits.empty() && options_.on_exit) {
+      // Without the lock: the callback takes the daemon's locks, and the daemon may call into
+      // the Supervisor while holding them.
+      lock.unlock();
+      for (const ExitEvent& e : exits) options_.on_exit(e.key, e.exit_code, e.restarting);
+      lock.lock();
+    }
+    cv_.wait_for(lock, options_.poll_interval);
+  }
+}
+
+void Supervisor::Poll(std::vector<ExitEvent>* exits) {
+  const auto now = std::chrono::steady_clock::now();
+  bool reaped = false;
+  for (auto& [key, child] : children_) {
+    pid_t pid = child.info.pid;
+    if (pid <= 0) continue;
+    siginfo_t info{};
+    // WNOWAIT: the zombie keeps its pid, and so the process group id, reserved while we kill
+    // whatever the replica left in its group; only then is it reaped.
+    int rc = waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT);
+    int code = 0;
+    if (rc == 0 && info.si_pid == pid) {
+      kill(-pid, SIGKILL);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      code = ExitCode(status);
+    } else if (rc < 0 && errno == ECHILD) {
+      code = -1;  // reaped elsewhere (SIGCHLD ignored by someone): the exit status is lost
+    } else {
+      continue;
+    }
+    reaped = true;
+    child.info.pid = 0;
+    child.info.exit_code = code;
+    if (child.stopping) continue;  // Stop() asked for it
+    bool restart = false;
+    if (code != 0) {
+      while (!child.restart_times.empty() &&
+             now - child.restart_times.front() > options_.restart_window) {
+        child.restart_times.pop_front();
+      }
+      restart = static_cast<int>(child.restart_times.size()) < options_.max_restarts;
+    }
+    if (restart) {
+      child.restart_times.push_back(now);
+      child.info.restarts++;
+      child.info.state = ReplicaState::kRestarting;
+      child.restart_at = now + options_.restart_delay;
+      spdlog::warn("replica {} (pid {}) {}; restarting ({} of {} within {} s)", key.ToString(), pid,
+                   DescribeExit(code), child.restart_times.size(), options_.max_restarts,
+                   options_.restart_window.count() / 1000);
+    } else {
+      child.info.state = ReplicaState::kExited;
+      if (code == 0) {
+        spdlog::info("replica {} (pid {}) exited", key.ToString(), pid);
+      } else {
+        spdlog::error("replica {} (pid {}) {}; restart budget spent, giving up", key.ToString(),
+                      pid, DescribeExit(code));
+      }
+    }
+    exits->push_back({key, code, restart});
+  }
+  for (auto& [key, child] : children_) {
+    if (child.info.state != ReplicaState::kRestarting || child.stopping || now < child.restart_at) {
+      continue;
+    }
+    if (Status s = Spawn(child); !s.ok()) {
+      spdlog::error("replica {}: {}", key.ToString(), s.message());
+      child.info.state = ReplicaState::kExited;
+      exits->push_back({key, child.info.exit_code, false});
+    }
+  }
+  if (reaped) cv_.notify_all();
+}
+
+std::optional<ReplicaProcess> Supervisor::Get(const ReplicaKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = children_.find(key);
+  if (it == children_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+std::vector<ReplicaProcess> Supervisor::List() const {
+  std::lock_guard lock(mu_);
+  std::vector<ReplicaProcess> out;
+  for (const auto& [key, child] : children_) out.push_back(child.info);
+  return out;
+}
+
+}  // namespace nbos::daemon

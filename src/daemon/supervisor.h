@@ -1,0 +1,139 @@
+// Replica processes of one daemon: each `nbos replica` runs in its own process group, with its
+// stdout and stderr appended to DIR/replica.log, watched by one thread that reaps it with
+// waitpid and restarts it from the same data directory when it dies unexpectedly.
+//
+// A replica's directory DIR holds connection.json (the Jupyter connection file it binds),
+// data/ (its Raft log and snapshots) and replica.log.
+//
+// Thread-safe. Lock order for callers: the Supervisor never calls `on_exit` with its own lock
+// held, so `on_exit` may take the caller's locks, and the caller may call into the Supervisor
+// while holding its own locks (but not from inside `on_exit`, which runs on the watch thread).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/ledger.h"
+#include "jupyter/connection_file.h"
+
+namespace nbos::daemon {
+
+enum class ReplicaState {
+  kPrepared,    // directory and connection file exist; no process yet
+  kRunning,     // a process is alive
+  kRestarting,  // it died unexpectedly; a new one starts after the restart delay
+  kExited,      // it exited with status 0, or kept dying past the restart budget
+  kStopped,     // only while Stop() tears it down; Stop() then forgets it
+};
+
+// control.proto's spelling: "prepared" | "running" | "restarting" | "exited" | "stopped".
+std::string_view ReplicaStateName(ReplicaState state);
+
+struct ReplicaProcess {
+  ReplicaKey key;
+  ReplicaState state = ReplicaState::kPrepared;
+  pid_t pid = 0;          // 0 when no process runs
+  int exit_code = 0;      // last exit: the status, or -SIGNAL when killed by a signal
+  uint32_t restarts = 0;  // restarts after unexpected exits, over the replica's life
+  std::string dir;
+  std::string raft_address;
+  jupyter::ConnectionInfo connection;
+};
+
+struct SupervisorOptions {
+  std::string nbos_binary;  // path of `nbos`
+  std::string log_level = "info";
+  // Restart budget: at most `max_restarts` restarts within any `restart_window`.
+  int max_restarts = 5;
+  std::chrono::milliseconds restart_window{std::chrono::minutes(5)};
+  std::chrono::milliseconds restart_delay{std::chrono::milliseconds(300)};
+  // Stop: SIGTERM to the process group, SIGKILL after this long.
+  std::chrono::milliseconds stop_grace{std::chrono::seconds(5)};
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(25)};
+  // Called on the watch thread after a replica's process exited without a Stop() asking for it
+  // (its GPUs must be released). `restarting` tells whether a new process will follow.
+  std::function<void(const ReplicaKey& key, int exit_code, bool restarting)> on_exit;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorOptions options);
+  // Stops every process (keeping the directories) and joins the watch thread.
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Registers a replica: creates `dir` and dir/data and writes dir/connection.json. Preparing a
+  // replica that is already known is InvalidArgument.
+  Status Prepare(const ReplicaKey& key, const std::string& dir,
+                 const jupyter::ConnectionInfo& connection, const std::string& raft_address);
+
+  // Starts a prepared (or exited) replica's process:
+  //   nbos replica -f DIR/connection.json --id N --raft ADDR
+  //     --data-dir DIR/data --blob-store URL --log-level L [--peer=ID=ADDR]...
+  // with `env` added to the daemon's environment, plus NBOS_KERNEL_ID, NBOS_REPLICA_ID and
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA numbers devices as NVML does). The arguments are
+  // remembered for restarts. Returns the pid; a replica already running (or restarting) keeps
+  // its process and arguments and returns its pid (0 while restarting). NotFound for unknown
+  // replicas, Internal when the process cannot be spawned.
+  Result<pid_t> Launch(const ReplicaKey& key,
+                       const std::vector<std::pair<uint32_t, std::string>>& peers,
+                       const std::string& blob_store_url,
+                       const std::map<std::string, std::string>& env);
+
+  // Stops the replica's process group (SIGTERM, SIGKILL after stop_grace; anything left in the
+  // group is killed too), removes DIR unless `keep_data`, and forgets the replica. Blocks until
+  // the process is reaped. NotFound for unknown replicas.
+  Status Stop(const ReplicaKey& key, bool keep_data);
+
+  // Stops every replica at once (one grace period in total) and forgets them all.
+  void StopAll(bool keep_data);
+
+  std::optional<ReplicaProcess> Get(const ReplicaKey& key) const;
+  std::vector<ReplicaProcess> List() const;
+
+ private:
+  struct Child {
+    ReplicaProcess info;
+    std::vector<std::string> argv;  // empty until launched
+    std::vector<std::string> envp;
+    bool stopping = false;
+    std::deque<std::chrono::steady_clock::time_point> restart_times;
+    std::chrono::steady_clock::time_point restart_at;
+  };
+  struct ExitEvent {
+    ReplicaKey key;
+    int exit_code;
+    bool restarting;
+  };
+
+  Status Spawn(Child& child);  // mu_ held
+  void Watch();                // the watch thread
+  // Reaps exited children and starts due restarts; mu_ held. Appends unexpected exits.
+  void Poll(std::vector<ExitEvent>* exits);
+  // Signals and waits for the given children (mu_ held via `lock`); SIGKILL after the grace.
+  void TerminateLocked(std::unique_lock<std::mutex>& lock, const std::vector<ReplicaKey>& keys);
+
+  const SupervisorOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;            // wakes the watch thread and Stop() waiters
+  std::map<ReplicaKey, Child> children_;  // guarded by mu_
+  bool shutdown_ = false;                 // guarded by mu_
+  std::thread watcher_;
+};
+
+}  // namespace nbos::daemon

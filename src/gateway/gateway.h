@@ -1,0 +1,70 @@
+// `nbos gateway`: the front door and global scheduler (DESIGN.md §2, §3). Serves the Jupyter
+// Kernel Gateway REST + WebSocket API that `jupyter server --gateway-url`, JupyterLab's
+// @jupyterlab/services and `nbos relay` speak; `/metrics` (Prometheus text); `/api/nbos/cluster`.
+// Daemons register with its nbos.control.Gateway gRPC service; it places each kernel's replicas
+// on three servers, picks the executor of each cell and asks that server's daemon for GPUs, all
+// through the pure `sched` core. Kernel metadata lives in SQLite under the state directory, so a
+// restarted gateway serves the same kernels (their replicas keep running under the daemons).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "sched/resources.h"
+
+namespace nbos::gateway {
+
+struct GatewayOptions {
+  std::string address = "127.0.0.1";
+  uint16_t port = 8888;                         // 0: ephemeral
+  std::string control_address = "127.0.0.1:0";  // Gateway gRPC service (daemons register here)
+  // Required unless allow_unauthenticated: clients send `Authorization: token T` or `?token=T`.
+  std::string token;
+  bool allow_unauthenticated = false;
+  std::string state_dir;  // required: gateway.db lives here
+  std::string kernelspec_name = "nbos";
+  std::string display_name = "Python 3 (nbos, replicated)";
+  int replicas = 3;
+  // A kernel's per-replica request when its KERNEL_* variables do not say otherwise.
+  sched::Resources default_request{1000, 1024, 0, 0};
+  size_t max_message_bytes = 64u << 20;
+  // Besides KERNEL_*, environment names a kernel start request may pass to the replicas.
+  std::vector<std::string> allowed_env;
+  // A daemon that misses heartbeats this long counts as gone: its replicas are lost.
+  int heartbeat_interval_ms = 1000;
+  int server_timeout_ms = 5000;
+  // How long a kernel start waits for every replica to answer kernel_info.
+  int kernel_start_timeout_ms = 60000;
+};
+
+class Gateway {
+ public:
+  // Opens the metadata store, restores its kernels, starts the gRPC and HTTP servers.
+  // Errors: InvalidArgument for bad options (no token, no state dir), Unavailable when a port
+  // cannot be bound or the database cannot be opened.
+  static Result<std::unique_ptr<Gateway>> Start(GatewayOptions options);
+  ~Gateway();  // Stop()
+
+  uint16_t port() const;
+  std::string control_address() const;  // "host:port" of the Gateway gRPC service
+  // Stops serving; kernels keep running under their daemons (a restarted gateway finds them).
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit Gateway(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Per-replica resources from a kernel start request's environment: KERNEL_GPUS (whole GPUs),
+// KERNEL_CPUS (cores, fractions allowed, or millicpus with an "m" suffix), KERNEL_MEMORY (MB, or
+// with a K/M/G/Ki/Mi/Gi suffix), KERNEL_VRAM (MB). Errors: InvalidArgument naming the variable.
+Result<sched::Resources> ResourcesFromEnv(const std::map<std::string, std::string>& env,
+                                          const sched::Resources& defaults);
+
+}  // namespace nbos::gateway

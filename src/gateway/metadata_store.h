@@ -1,0 +1,49 @@
+// The gateway's durable metadata: every kernel with its resources and replicas, in SQLite (WAL,
+// synchronous=FULL), so a gateway restart keeps every kernel and clients reconnect.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "jupyter/message.h"
+
+struct sqlite3;
+
+namespace nbos::gateway {
+
+struct StoredReplica {
+  uint32_t replica_id = 0;
+  std::string server_id;
+  std::string raft_address;
+  std::string connection_json;  // Jupyter connection file contents
+};
+
+struct StoredKernel {
+  std::string kernel_id;
+  std::string kernelspec;
+  std::string key;
+  std::string session_id;
+  jupyter::Json resources = jupyter::Json::object();  // millicpus, memory_mb, gpus, vram_mb
+  std::string created;
+  std::vector<StoredReplica> replicas;
+};
+
+class MetadataStore {
+ public:
+  // Creates the file and schema if needed. Errors: Unavailable when the file cannot be opened.
+  static Result<std::unique_ptr<MetadataStore>> Open(const std::string& path);
+  ~MetadataStore();
+
+  Status Put(const StoredKernel& kernel);  // insert or replace
+  Status Remove(const std::string& kernel_id);
+  Result<std::vector<StoredKernel>> List();
+
+ private:
+  explicit MetadataStore(sqlite3* db);
+  Status Exec(const char* sql);
+  sqlite3* db_;
+};
+
+}  // namespace nbos::gateway

@@ -1,0 +1,49 @@
+#include "gateway/metadata_store.h"
+
+#include <gtest/gtest.h>
+
+#include "store/testing.h"
+
+namespace nbos::gateway {
+namespace {
+
+TEST(MetadataStoreTest, KernelsSurviveReopening) {
+  store::ScopedTempDir dir;
+  const std::string path = (dir.path() / "gateway.db").string();
+  {
+    auto db = MetadataStore::Open(path);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    StoredKernel k{"k1",
+                   "nbos",
+                   "secret",
+                   "s1",
+                   {{"gpus", 2}},
+                   "2026-01-01T00:00:00.000000Z",
+                   {{1, "host-1", "127.0.0.1:4000", "{}"}, {2, "host-2", "127.0.0.1:4002", "{}"}}};
+    ASSERT_TRUE((*db)->Put(k).ok());
+    k.kernel_id = "k2";
+    ASSERT_TRUE((*db)->Put(k).ok());
+    ASSERT_TRUE((*db)->Remove("k2").ok());
+  }
+  auto db = MetadataStore::Open(path);
+  ASSERT_TRUE(db.ok());
+  auto kernels = (*db)->List();
+  ASSERT_TRUE(kernels.ok());
+  ASSERT_EQ(kernels->size(), 1u);
+  const StoredKernel& k = kernels->front();
+  EXPECT_EQ(k.kernel_id, "k1");
+  EXPECT_EQ(k.key, "secret");
+  EXPECT_EQ(k.resources["gpus"], 2);
+  ASSERT_EQ(k.replicas.size(), 2u);
+  EXPECT_EQ(k.replicas[1].server_id, "host-2");
+  EXPECT_EQ(k.replicas[1].raft_address, "127.0.0.1:4002");
+}
+
+TEST(MetadataStoreTest, UnopenablePathIsAClearError) {
+  auto db = MetadataStore::Open("/nonexistent-dir/for/sure/gateway.db");
+  ASSERT_FALSE(db.ok());
+  EXPECT_EQ(db.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace nbos::gateway

@@ -1,0 +1,90 @@
+#include "sched/executor.h"
+
+#include <gtest/gtest.h>
+
+#include "sched/test_util.h"
+
+namespace nbos::sched {
+namespace {
+
+using test::Cluster;
+using test::Gpus;
+using test::Kernel;
+using test::Req;
+using test::Server;
+
+using Ids = std::vector<uint32_t>;
+
+// Servers a, b, c with 4 GPUs each; committed GPUs per server as given. Kernel k has replicas
+// 1@a, 2@b, 3@c.
+ClusterState MakeCluster(int32_t a, int32_t b, int32_t c, uint32_t last_executor = 0) {
+  ClusterState cluster = Cluster({Server("a", 4), Server("b", 4), Server("c", 4)});
+  KernelView k = Kernel("k", Req(2), {"a", "b", "c"});
+  k.last_executor = last_executor;
+  EXPECT_TRUE(cluster.AddKernel(k).ok());
+  EXPECT_TRUE(cluster.Commit("a", Gpus(a)).ok());
+  EXPECT_TRUE(cluster.Commit("b", Gpus(b)).ok());
+  EXPECT_TRUE(cluster.Commit("c", Gpus(c)).ok());
+  return cluster;
+}
+
+struct ExecutorCase {
+  std::string name;
+  int32_t committed_a, committed_b, committed_c;
+  uint32_t last_executor;
+  int32_t gpus_needed;
+  std::set<uint32_t> excluded;
+  std::optional<uint32_t> target;
+  Ids want;
+  bool want_target_honoured = false;
+};
+
+class ExecutorTableTest : public ::testing::TestWithParam<ExecutorCase> {};
+
+TEST_P(ExecutorTableTest, Orders) {
+  const ExecutorCase& tc = GetParam();
+  ClusterState c = MakeCluster(tc.committed_a, tc.committed_b, tc.committed_c, tc.last_executor);
+  ExecutorChoice choice =
+      ChooseExecutor(c, *c.FindKernel("k"), tc.gpus_needed, tc.excluded, tc.target);
+  EXPECT_EQ(choice.candidates, tc.want);
+  EXPECT_EQ(choice.migration_needed(), tc.want.empty());
+  EXPECT_EQ(choice.target_honoured, tc.want_target_honoured);
+  if (tc.target && !tc.want_target_honoured) {
+    EXPECT_FALSE(choice.note.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ExecutorTableTest,
+    ::testing::Values(ExecutorCase{"AllIdleByReplicaId", 0, 0, 0, 0, 2, {}, {}, {1, 2, 3}},
+                      ExecutorCase{"MostIdleFirst", 2, 0, 1, 0, 2, {}, {}, {2, 3, 1}},
+                      ExecutorCase{"StickyWhenPreviousCanGrant", 2, 0, 1, 1, 2, {}, {}, {1, 2, 3}},
+                      ExecutorCase{"NotStickyWhenPreviousCannot", 3, 0, 1, 1, 2, {}, {}, {2, 3}},
+                      ExecutorCase{"ExcludedSkipped", 0, 0, 0, 2, 2, {2}, {}, {1, 3}},
+                      ExecutorCase{"NoneCanGrantMeansMigration", 3, 4, 3, 1, 2, {}, {}, {}},
+                      ExecutorCase{"ZeroGpusEveryoneQualifies", 4, 4, 4, 3, 0, {}, {}, {3, 1, 2}},
+                      ExecutorCase{
+                          "TargetOverridesStickiness", 0, 0, 0, 1, 2, {}, 3u, {3, 1, 2}, true},
+                      ExecutorCase{"TargetThatCannotGrantIgnored", 0, 0, 3, 1, 2, {}, 3u, {1, 2}},
+                      ExecutorCase{"TargetNotAReplicaIgnored", 0, 1, 0, 0, 2, {}, 9u, {1, 3, 2}},
+                      ExecutorCase{"ExcludedTargetIgnored", 0, 0, 0, 0, 2, {3}, 3u, {1, 2}}),
+    [](const auto& case_info) { return case_info.param.name; });
+
+TEST(ExecutorTest, SkipsOrphansAndDrainingServers) {
+  ClusterState c = MakeCluster(0, 0, 0, 1);
+  ASSERT_TRUE(c.SetAccepting("a", false).ok());
+  ASSERT_TRUE(c.RemoveServer("b").ok());
+  ExecutorChoice choice = ChooseExecutor(c, *c.FindKernel("k"), 1, {});
+  EXPECT_EQ(choice.candidates, Ids{3});
+}
+
+TEST(ExecutorTest, IsDeterministic) {
+  ClusterState c = MakeCluster(1, 1, 1, 0);
+  const ExecutorChoice first = ChooseExecutor(c, *c.FindKernel("k"), 1, {});
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(ChooseExecutor(c, *c.FindKernel("k"), 1, {}).candidates, first.candidates);
+  }
+}
+
+}  // namespace
+}  // namespace nbos::sched

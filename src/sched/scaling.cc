@@ -1,0 +1,73 @@
+#include "sched/scaling.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <tuple>
+
+namespace nbos::sched {
+
+namespace {
+
+// ⌈load × factor / gpus_per_host⌉ in integers: with doubles, 80 × 1.10 / 8 is 11.000000000000002
+// and its ceiling 12.
+int64_t HostsFor(int64_t load_gpus, double factor, int32_t gpus_per_host) {
+  const int64_t per_mille = std::llround(factor * 1000);
+  const int64_t denominator = int64_t{gpus_per_host} * 1000;
+  return (load_gpus * per_mille + denominator - 1) / denominator;
+}
+
+}  // namespace
+
+ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
+                              const ScalingOptions& options) {
+  assert(options.gpus_per_host > 0 && options.min_hosts >= 0 && options.buffer_hosts >= 0);
+  int64_t load = 0;
+  int64_t size = 0;
+  for (const ServerView& s : servers) {
+    load += s.committed.gpus;
+    if (s.accepting) ++size;
+  }
+  const int64_t floor_hosts = int64_t{options.min_hosts} + options.buffer_hosts;
+  int64_t target =
+      std::max(HostsFor(load, options.scaling_factor, options.gpus_per_host), floor_hosts);
+  if (options.max_hosts >= 0) target = std::min<int64_t>(target, options.max_hosts);
+  // The reference lets limit fall below target (e.g. load 30, 8 GPUs/host, min 3, buffer 3:
+  // limit 5, target 6), releasing a host one round and requesting it back the next.
+  const int64_t limit =
+      std::max(HostsFor(load, options.scaling_limit, options.gpus_per_host), target);
+
+  ScalingDecision decision;
+  decision.reason = "load " + std::to_string(load) + " GPUs, " + std::to_string(size) +
+                    " accepting hosts, target " + std::to_string(target) + ", limit " +
+                    std::to_string(limit);
+  if (size < target) {
+    decision.add_hosts = static_cast<int32_t>(target - size);
+    return decision;
+  }
+  const int64_t surplus =
+      std::min<int64_t>(size - limit, std::max(options.max_release_per_round, 0));
+  if (surplus <= 0) return decision;
+
+  std::vector<const ServerView*> idle;
+  for (const ServerView& s : servers) {
+    if (s.accepting && s.committed.gpus == 0) idle.push_back(&s);
+  }
+  std::sort(idle.begin(), idle.end(), [](const ServerView* a, const ServerView* b) {
+    return std::tie(a->subscribed.gpus, a->subscribed.millicpus, a->server_id) <
+           std::tie(b->subscribed.gpus, b->subscribed.millicpus, b->server_id);
+  });
+  for (int64_t i = 0; i < surplus && i < static_cast<int64_t>(idle.size()); ++i) {
+    decision.release_server_ids.push_back(idle[i]->server_id);
+  }
+  return decision;
+}
+
+ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options) {
+  std::vector<ServerView> servers;
+  servers.reserve(cluster.servers().size());
+  for (const auto& [id, s] : cluster.servers()) servers.push_back(s);
+  return DecideScaling(servers, options);
+}
+
+}  // namespace nbos::sched

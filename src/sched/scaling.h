@@ -1,0 +1,41 @@
+// Auto-scaling decision (DESIGN §5), taken every scaling interval by the caller.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sched/cluster.h"
+
+namespace nbos::sched {
+
+// Defaults are the reference implementation's sample configuration. Factors count to 1/1000.
+struct ScalingOptions {
+  double scaling_factor = 1.10;  // target hosts = ⌈load × factor / gpus_per_host⌉ ...
+  double scaling_limit = 1.15;   // ... release only above ⌈load × limit / gpus_per_host⌉
+  int32_t buffer_hosts = 3;      // target is at least min_hosts + buffer_hosts
+  int32_t min_hosts = kReplicasPerKernel;  // one kernel needs R hosts (reference sample: 6)
+  int32_t max_hosts = -1;                  // < 0: unbounded
+  int32_t max_release_per_round = 2;       // k
+  int32_t gpus_per_host = 8;               // > 0
+};
+
+struct ScalingDecision {
+  int32_t add_hosts = 0;
+  // Idle servers to release, best first. The caller moves their standby replicas off (and marks
+  // them not accepting) before releasing them.
+  std::vector<std::string> release_server_ids;
+  std::string reason;  // the arithmetic behind the decision, for the log
+};
+
+// load = committed GPUs over all servers; size = accepting servers (non-accepting ones are
+// already on their way out). Scale out to target when size < target, capped by max_hosts.
+// Otherwise release up to k accepting servers with no committed GPUs while size stays >= both
+// the limit and the target, fewest subscribed GPUs first, then fewest subscribed millicpus,
+// then server_id. Never both adds and releases. Predictive scale-in should wait for a full
+// SubscriptionRatio window; that gating is the caller's.
+ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
+                              const ScalingOptions& options = {});
+ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options = {});
+
+}  // namespace nbos::sched

@@ -1,0 +1,114 @@
+#include "sched/scaling.h"
+
+#include <gtest/gtest.h>
+
+#include "sched/test_util.h"
+
+namespace nbos::sched {
+namespace {
+
+struct HostRow {
+  int32_t committed_gpus;
+  int32_t subscribed_gpus;
+  bool accepting = true;
+};
+
+struct ScalingCase {
+  std::string name;
+  std::vector<HostRow> hosts;  // ids h00, h01, ... in row order; 8 GPUs each
+  int32_t want_add;
+  std::vector<std::string> want_release;
+  int32_t max_hosts = -1;
+};
+
+std::vector<ServerView> Hosts(const std::vector<HostRow>& rows) {
+  std::vector<ServerView> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ServerView s = test::Server((i < 10 ? "h0" : "h") + std::to_string(i), 8);
+    s.committed.gpus = rows[i].committed_gpus;
+    s.subscribed.gpus = rows[i].subscribed_gpus;
+    s.accepting = rows[i].accepting;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<HostRow> Repeat(size_t n, HostRow row) { return std::vector<HostRow>(n, row); }
+
+std::vector<HostRow> Concat(std::vector<HostRow> a, const std::vector<HostRow>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class ScalingTableTest : public ::testing::TestWithParam<ScalingCase> {};
+
+TEST_P(ScalingTableTest, Decides) {
+  const ScalingCase& tc = GetParam();
+  ScalingOptions opts;  // factor 1.10, limit 1.15, buffer 3, min 3, k 2, 8 GPUs per host
+  opts.max_hosts = tc.max_hosts;
+  ScalingDecision d = DecideScaling(Hosts(tc.hosts), opts);
+  EXPECT_EQ(d.add_hosts, tc.want_add) << d.reason;
+  EXPECT_EQ(d.release_server_ids, tc.want_release) << d.reason;
+  EXPECT_FALSE(d.reason.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ScalingTableTest,
+    ::testing::Values(
+        // Idle cluster: target = min 3 + buffer 3.
+        ScalingCase{"SmallIdleClusterGrowsToFloor", Repeat(3, {0, 0}), 3, {}},
+        // load 80: ⌈80 × 1.10 / 8⌉ = 11 exactly (a double ceiling would say 12).
+        ScalingCase{"LoadDrivesTarget", Repeat(10, {8, 8}), 1, {}},
+        // target 11, limit ⌈80 × 1.15 / 8⌉ = 12.
+        ScalingCase{"WithinBandNoChange", Concat(Repeat(10, {8, 8}), Repeat(2, {0, 0})), 0, {}},
+        // 16 hosts, limit 12: 4 surplus, k = 2, fewest subscribed GPUs first.
+        ScalingCase{"ReleasesAtMostKLeastSubscribed",
+                    Concat(Repeat(10, {8, 8}), {{0, 3}, {0, 1}, {0, 2}, {0, 0}, {0, 5}, {0, 1}}),
+                    0,
+                    {"h13", "h11"}},
+        ScalingCase{"NeverReleasesCommitted", Repeat(9, {1, 1}), 0, {}},
+        ScalingCase{
+            "ReleasesOnlyIdleOnes", Concat(Repeat(7, {1, 1}), {{0, 9}, {1, 0}}), 0, {"h07"}},
+        // load 30: target max(⌈33/8⌉, 6) = 6; the reference's limit ⌈34.5/8⌉ = 5 would drop to
+        // 5 hosts and ask for one back next round.
+        ScalingCase{"NeverReleasesBelowTarget",
+                    Concat({{8, 8}, {8, 8}, {8, 8}, {6, 6}}, Repeat(3, {0, 0})),
+                    0,
+                    {"h04"}},
+        ScalingCase{"DrainingHostsDoNotCount",
+                    Concat(Repeat(5, {0, 0}), {{0, 0, false}, {0, 0, false}}),
+                    1,
+                    {}},
+        ScalingCase{"MaxHostsCapsGrowth", Repeat(3, {0, 0}), 1, {}, 4},
+        ScalingCase{"FullHostsGetHeadroom", Repeat(6, {8, 8}), 1, {}},  // ⌈52.8/8⌉ = 7
+        ScalingCase{"BurstAddsMany", Concat(Repeat(6, {8, 8}), Repeat(6, {8, 8})), 2, {}}),
+    [](const auto& case_info) { return case_info.param.name; });
+
+TEST(ScalingTest, ClusterStateOverloadAgrees) {
+  ClusterState c = test::Cluster({test::Server("a", 8), test::Server("b", 8)});
+  ASSERT_TRUE(c.Commit("a", test::Gpus(8)).ok());
+  ScalingDecision d = DecideScaling(c);
+  EXPECT_EQ(d.add_hosts, 4);  // target max(⌈8.8/8⌉, 6) = 6
+  EXPECT_TRUE(d.release_server_ids.empty());
+}
+
+TEST(ScalingTest, ScaleInFromLargeIdleClusterStepsByK) {
+  std::vector<ServerView> hosts = Hosts(Repeat(12, {0, 0}));
+  ScalingOptions opts;
+  int rounds = 0;
+  while (true) {
+    ScalingDecision d = DecideScaling(hosts, opts);
+    ASSERT_EQ(d.add_hosts, 0);
+    if (d.release_server_ids.empty()) break;
+    ASSERT_LE(d.release_server_ids.size(), 2u);
+    for (const std::string& id : d.release_server_ids) {
+      std::erase_if(hosts, [&](const ServerView& s) { return s.server_id == id; });
+    }
+    ++rounds;
+  }
+  EXPECT_EQ(rounds, 3);
+  EXPECT_EQ(hosts.size(), 6u);
+}
+
+}  // namespace
+}  // namespace nbos::sched

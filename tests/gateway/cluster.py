@@ -1,0 +1,279 @@
+"""Helpers of the gateway suites: an `nbos up` cluster, a `jupyter server --gateway-url` in front
+of it, REST calls, and a notebook runner that speaks the Jupyter WebSocket protocol."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import nbformat
+import websocket
+
+
+def nbos_bin():
+    """The binary under test, as the top-level conftest.py finds it."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conftest.py")
+    spec = importlib.util.spec_from_file_location("nbos_tests_conftest", path)
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module.nbos_bin()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """`nbos up` on this machine, in a private state directory."""
+
+    def __init__(self, hosts=4, gpus_per_host=2, extra=()):
+        self.state_dir = tempfile.mkdtemp(prefix="nbos-up-")
+        self.proc = subprocess.Popen(
+            [nbos_bin(), "up", "--hosts", str(hosts), "--gpus-per-host", str(gpus_per_host),
+             "--port", "0", "--state-dir", self.state_dir, "--log-level", "info", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        m = re.match(r"gateway: (http://\S+) token: (\S+)", line)
+        assert m, f"nbos up printed {line!r}"
+        self.url, self.token = m.group(1), m.group(2)
+        self.hosts = hosts
+        deadline = time.time() + 60
+        while len(self.get("/api/nbos/cluster")["servers"]) < hosts:
+            assert time.time() < deadline, "daemons did not register"
+            time.sleep(0.1)
+
+    def request(self, method, path, body=None, token=None, headers=None, raw=None):
+        h = {"Authorization": f"token {self.token if token is None else token}"}
+        h.update(headers or {})
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        if data is not None:
+            h.setdefault("Content-Type", "application/json")
+        req = urllib.request.Request(self.url + path, method=method, headers=h, data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                payload = resp.read()
+                return resp.status, (json.loads(payload) if payload else None)
+        except urllib.error.HTTPError as e:
+            payload = e.read()
+            try:
+                return e.code, json.loads(payload)
+            except ValueError:
+                return e.code, payload.decode(errors="replace")
+
+    def get(self, path):
+        status, body = self.request("GET", path)
+        assert status == 200, (status, body)
+        return body
+
+    def start_kernel(self, env=None):
+        status, model = self.request("POST", "/api/kernels", {"name": "nbos", "env": env or {}})
+        assert status == 201, (status, model)
+        return model["id"]
+
+    def nbos_processes(self):
+        """Processes whose command line is this cluster's (by its state directory)."""
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if self.state_dir in cmd:
+                out.append((int(pid), cmd))
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class JupyterServer:
+    """Debian's `jupyter server` with --gateway-url pointing at a cluster."""
+
+    def __init__(self, cluster):
+        self.port = free_port()
+        self.token = uuid.uuid4().hex
+        self.root = tempfile.mkdtemp(prefix="nbos-jupyter-root-")
+        env = dict(os.environ)
+        env["JUPYTER_CONFIG_DIR"] = tempfile.mkdtemp(prefix="nbos-jupyter-config-")
+        env["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="nbos-jupyter-runtime-")
+        self.log = open(os.path.join(self.root, "..", f"jupyter-server-{self.port}.log"), "w")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/jupyter", "server", f"--gateway-url={cluster.url}",
+             f"--GatewayClient.auth_token={cluster.token}", f"--ServerApp.token={self.token}",
+             f"--port={self.port}", "--ip=127.0.0.1", "--no-browser", "--allow-root",
+             f"--ServerApp.root_dir={self.root}"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/api?token={self.token}", timeout=2)
+                break
+            except OSError:
+                assert self.proc.poll() is None, "jupyter server exited"
+                assert time.time() < deadline, "jupyter server did not start"
+                time.sleep(0.2)
+        self.cluster_like = _Rest(self.url, self.token)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class _Rest:
+    def __init__(self, url, token):
+        self.url, self.token = url, token
+
+    def request(self, method, path, body=None):
+        h = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, method=method, headers=h, data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                payload = resp.read()
+                return resp.status, (json.loads(payload) if payload else None)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+
+class KernelSocket:
+    """One Jupyter kernel WebSocket (the legacy JSON framing)."""
+
+    def __init__(self, base_url, kernel_id, token, timeout=180):
+        ws_url = base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
+        self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {token}"],
+                                              timeout=timeout)
+        self.session = uuid.uuid4().hex
+
+    def send(self, msg_type, content, channel="shell", metadata=None):
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": msg_type, "session": self.session,
+                       "username": "test", "version": "5.3",
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())},
+            "parent_header": {}, "metadata": metadata or {}, "content": content,
+            "channel": channel, "buffers": []}))
+        return msg_id
+
+    def recv(self):
+        frame = self.ws.recv()
+        if isinstance(frame, bytes):
+            # Binary framing: offsets, then the JSON; buffers are not needed here.
+            n = int.from_bytes(frame[:4], "big")
+            offsets = [int.from_bytes(frame[4 + 4 * i:8 + 4 * i], "big") for i in range(n)]
+            end = offsets[1] if n > 1 else len(frame)
+            return json.loads(frame[offsets[0]:end])
+        return json.loads(frame)
+
+    def execute(self, code, metadata=None, silent=False, stop_on_error=True):
+        """Runs one cell; returns (reply, iopub messages of it in order)."""
+        msg_id = self.send("execute_request", {
+            "code": code, "silent": silent, "store_history": not silent, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": stop_on_error}, metadata=metadata)
+        return self.wait_for(msg_id)
+
+    def wait_for(self, msg_id):
+        reply, iopub, idle = None, [], False
+        while reply is None or not idle:
+            m = self.recv()
+            if m.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if m["channel"] in ("shell", "control"):
+                assert reply is None, f"two replies to one request: {m['msg_type']}"
+                reply = m
+            elif m["channel"] == "iopub":
+                if m["msg_type"] == "status":
+                    state = m["content"]["execution_state"]
+                    assert not idle, "a second idle for one request"
+                    idle = state == "idle"
+                    assert idle or not iopub, "busy after other output"
+                iopub.append(m)
+        return reply, iopub
+
+    def close(self):
+        self.ws.close()
+
+
+def run_notebook(base_url, token, kernel_id, path):
+    """Executes every code cell of the notebook at `path` like nbclient (allow_errors) and
+    returns the executed notebook, the execute_reply contents by cell index, and the kernel's
+    working directory."""
+    nb = nbformat.read(str(path), as_version=4)
+    ks = KernelSocket(base_url, kernel_id, token)
+    try:
+        reply, iopub = ks.execute("import os as _o; print(_o.getcwd(), end='')", silent=True)
+        workdir = "".join(m["content"].get("text", "") for m in iopub if m["msg_type"] == "stream")
+        replies = {}
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            reply, iopub = ks.execute(cell.source)
+            cell.outputs = _outputs(iopub)
+            cell.execution_count = reply["content"].get("execution_count")
+            replies[index] = reply["content"]
+        return {"nb": nb, "replies": replies, "workdir": workdir, "error": None}
+    finally:
+        ks.close()
+
+
+def _outputs(iopub):
+    """Cell outputs from iopub messages, as nbclient assembles them (clear_output with and
+    without wait, update_display_data by display_id)."""
+    outputs, clear_pending, displays = [], False, {}
+    for m in iopub:
+        kind, content = m["msg_type"], m["content"]
+        if kind == "clear_output":
+            if content.get("wait"):
+                clear_pending = True
+            else:
+                outputs.clear()
+            continue
+        if kind == "update_display_data":
+            display_id = content.get("transient", {}).get("display_id")
+            for i in displays.get(display_id, []):
+                outputs[i]["data"] = content["data"]
+                outputs[i]["metadata"] = content["metadata"]
+            continue
+        if kind not in ("stream", "display_data", "execute_result", "error"):
+            continue
+        if clear_pending:
+            outputs.clear()
+            displays.clear()
+            clear_pending = False
+        out = nbformat.v4.output_from_msg({"msg_type": kind, "content": content,
+                                           "header": m["header"]})
+        display_id = content.get("transient", {}).get("display_id") if isinstance(
+            content.get("transient"), dict) else None
+        if display_id:
+            displays.setdefault(display_id, []).append(len(outputs))
+        outputs.append(out)
+    return outputs

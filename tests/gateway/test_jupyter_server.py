@@ -1,0 +1,87 @@
+"""Unmodified Jupyter Server (Debian's, with --gateway-url) in front of `nbos up`: notebooks give
+the same outputs as on ipykernel; interrupt, restart and shutdown work through its REST API."""
+
+import asyncio
+import pathlib
+import time
+
+import pytest
+
+import test_differential as diff
+from cluster import KernelSocket, run_notebook
+
+NOTEBOOKS = diff.NOTEBOOKS
+
+
+def test_kernelspecs_come_from_the_gateway(jupyter_server):
+    # Jupyter Server adopts the gateway's default while answering its first listing.
+    jupyter_server.cluster_like.request("GET", "/api/kernelspecs")
+    status, specs = jupyter_server.cluster_like.request("GET", "/api/kernelspecs")
+    assert status == 200
+    assert specs["default"] == "nbos"
+    assert "nbos" in specs["kernelspecs"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_through_jupyter_server_matches_ipykernel(path, jupyter_server, cluster,
+                                                           monkeypatch):
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
+    rest = jupyter_server.cluster_like
+    status, model = rest.request("POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kernel_id = model["id"]
+    try:
+        got = run_notebook(jupyter_server.url, jupyter_server.token, kernel_id, path)
+    finally:
+        assert rest.request("DELETE", f"/api/kernels/{kernel_id}")[0] == 204
+    ref = asyncio.run(diff._run_one(path, "python3"))
+    assert ref["error"] is None, ref["error"]
+    problems = []
+    for g, w in zip(diff._cells(got), diff._cells(ref)):
+        fields = [f for f in ("execution_count", "outputs", "reply") if g[f] != w[f]]
+        if fields:
+            problems.append(f"--- cell {g['index']}: {', '.join(fields)} differ\n{g['source']}\n"
+                            + "".join(f"  [{f}] nbos:\n{diff._show(g[f])}\n  [{f}] ipykernel:\n"
+                                      f"{diff._show(w[f])}\n" for f in fields))
+    assert not problems, f"{path.name}: cells differ\n" + "\n".join(problems)
+
+
+def test_interrupt_restart_and_shutdown_through_jupyter_server(jupyter_server, cluster):
+    rest = jupyter_server.cluster_like
+    status, model = rest.request("POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201
+    kernel_id = model["id"]
+    ks = KernelSocket(jupyter_server.url, kernel_id, jupyter_server.token)
+    reply, _ = ks.execute("x = 5")
+    assert reply["content"]["status"] == "ok"
+
+    msg_id = ks.send("execute_request", {"code": "import time\nfor _ in range(600): time.sleep(0.1)",
+                                         "silent": False, "store_history": True,
+                                         "user_expressions": {}, "allow_stdin": False,
+                                         "stop_on_error": True})
+    time.sleep(2)
+    started = time.time()
+    assert rest.request("POST", f"/api/kernels/{kernel_id}/interrupt", {})[0] == 204
+    reply, _ = ks.wait_for(msg_id)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.time() - started < 30
+    reply, _ = ks.execute("x + 1")
+    assert reply["content"]["status"] == "ok"
+    ks.close()
+
+    status, model = rest.request("POST", f"/api/kernels/{kernel_id}/restart", {})
+    assert status == 200, model
+    ks = KernelSocket(jupyter_server.url, kernel_id, jupyter_server.token)
+    reply, _ = ks.execute("x")
+    assert reply["content"]["ename"] == "NameError", "a restarted kernel starts empty"
+    assert reply["content"]["execution_count"] == 1
+    ks.close()
+
+    assert rest.request("DELETE", f"/api/kernels/{kernel_id}")[0] == 204
+    kernels = cluster.get("/api/nbos/cluster")["kernels"]
+    assert kernel_id not in [k["id"] for k in kernels]
+    deadline = time.time() + 30
+    while any(kernel_id in cmd for _, cmd in cluster.nbos_processes()):
+        assert time.time() < deadline, "replica processes outlived their kernel"
+        time.sleep(0.2)
