@@ -844,6 +844,9 @@ struct Gateway::Impl {
                {"committed", ResourcesJson(view.committed)},
                {"gpus_idle", view.IdleGpus()},
                {"gpus_committed", view.committed.gpus},
+               // The daemon's own ledger, as of its last heartbeat (authoritative for grants).
+               {"daemon_gpus_committed",
+                s != servers.end() ? s->second->status.ledger().committed().gpus() : 0},
                {"subscription_ratio", sched::HostSubscriptionRatio(view)}});
     }
     out["cluster_subscription_ratio"] = ratio.value();

@@ -30,7 +30,7 @@ struct GatewayOptions {
   std::string display_name = "Python 3 (nbos, replicated)";
   int replicas = 3;
   // A kernel's per-replica request when its KERNEL_* variables do not say otherwise.
-  sched::Resources default_request{1000, 1024, 0, 0};
+  sched::Resources default_request{250, 512, 0, 0};
   size_t max_message_bytes = 64u << 20;
   // Besides KERNEL_*, environment names a kernel start request may pass to the replicas.
   std::vector<std::string> allowed_env;

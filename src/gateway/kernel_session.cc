@@ -57,6 +57,7 @@ struct KernelSession::Impl {
     Json header;
     ExecutionPlan plan;
     int64_t received_us = 0;
+    int64_t planned_us = 0;
     int64_t sent_us = 0;
     bool stop_on_error = true;
   };
@@ -181,14 +182,20 @@ struct KernelSession::Impl {
   void FinishExecution(Message* reply) {
     InFlight done = std::move(*in_flight);
     in_flight.reset();
+    const int64_t releasing_us = NowUs();
     if (!done.plan.grant_id.empty() && options.hooks.release) options.hooks.release(done.plan);
     Json& nbos = reply->metadata["nbos"];
     if (!nbos.is_object()) nbos = Json::object();
     nbos["server"] = done.plan.server_id;
     nbos["gpu_ids"] = done.plan.device_ids;
     nbos["target_replica"] = done.plan.target_replica;
-    nbos["gateway_us"] =
-        Json{{"received", done.received_us}, {"sent", done.sent_us}, {"replied", NowUs()}};
+    // Per-hop times (µs since the epoch): request in, GPUs granted, sent to the replicas, grant
+    // being released, reply out.
+    nbos["gateway_us"] = Json{{"received", done.received_us},
+                              {"planned", done.planned_us},
+                              {"sent", done.sent_us},
+                              {"releasing", releasing_us},
+                              {"replied", NowUs()}};
     if (nbos.contains("executor") && nbos["executor"].is_number_unsigned()) {
       std::lock_guard lock(mu);
       executor = nbos["executor"].get<ReplicaId>();
@@ -257,6 +264,7 @@ struct KernelSession::Impl {
         }
         return;
       }
+      const int64_t planned_us = NowUs();
       waiting_logged = false;
       ++sequence;
       nbos["exec_id"] = exec_id;
@@ -269,6 +277,7 @@ struct KernelSession::Impl {
       f.header = head.request.header;
       f.plan = std::move(*plan);
       f.received_us = head.received_us;
+      f.planned_us = planned_us;
       f.stop_on_error = head.request.content.value("stop_on_error", true);
       std::vector<ReplicaId> to(live.begin(), live.end());
       merger.Expect(f.msg_id, to);

@@ -841,6 +841,10 @@ struct Server::Impl {
         });
         return;
       }
+      // Jupyter traffic is many small messages: Nagle's algorithm would hold each one back
+      // until the peer's delayed ACK (~40 ms) arrives.
+      beast::error_code nodelay_ec;
+      s.set_option(tcp::no_delay(true), nodelay_ec);
       auto session = std::make_shared<HttpSession>(shared, std::move(s));
       if (shared->Register(session)) session->Run();
       DoAccept();

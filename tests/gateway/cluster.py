@@ -170,9 +170,30 @@ class KernelSocket:
 
     def __init__(self, base_url, kernel_id, token, timeout=180):
         ws_url = base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
+        self.timeout = timeout
         self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {token}"],
                                               timeout=timeout)
         self.session = uuid.uuid4().hex
+        self.wait_ready()
+
+    def wait_ready(self, attempts=60):
+        """What Jupyter frontends do on connecting: kernel_info_request until one is answered (a
+        proxy such as jupyter_server may drop what is sent before its upstream is connected)."""
+        self.ws.settimeout(1)
+        try:
+            for _ in range(attempts):
+                msg_id = self.send("kernel_info_request", {})
+                try:
+                    while True:
+                        m = self.recv()
+                        if (m["channel"] == "shell" and
+                                m.get("parent_header", {}).get("msg_id") == msg_id):
+                            return
+                except websocket.WebSocketTimeoutException:
+                    continue
+            raise AssertionError("the kernel never answered kernel_info")
+        finally:
+            self.ws.settimeout(self.timeout)
 
     def send(self, msg_type, content, channel="shell", metadata=None):
         msg_id = uuid.uuid4().hex
@@ -233,11 +254,12 @@ def run_notebook(base_url, token, kernel_id, path):
         reply, iopub = ks.execute("import os as _o; print(_o.getcwd(), end='')", silent=True)
         workdir = "".join(m["content"].get("text", "") for m in iopub if m["msg_type"] == "stream")
         replies = {}
+        displays = {}  # display_id -> outputs showing it, in any cell so far
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
             reply, iopub = ks.execute(cell.source)
-            cell.outputs = _outputs(iopub)
+            cell.outputs = _outputs(iopub, displays)
             cell.execution_count = reply["content"].get("execution_count")
             replies[index] = reply["content"]
         return {"nb": nb, "replies": replies, "workdir": workdir, "error": None}
@@ -245,10 +267,10 @@ def run_notebook(base_url, token, kernel_id, path):
         ks.close()
 
 
-def _outputs(iopub):
+def _outputs(iopub, displays):
     """Cell outputs from iopub messages, as nbclient assembles them (clear_output with and
-    without wait, update_display_data by display_id)."""
-    outputs, clear_pending, displays = [], False, {}
+    without wait, update_display_data by display_id in this or any earlier cell)."""
+    outputs, clear_pending = [], False
     for m in iopub:
         kind, content = m["msg_type"], m["content"]
         if kind == "clear_output":
@@ -259,21 +281,20 @@ def _outputs(iopub):
             continue
         if kind == "update_display_data":
             display_id = content.get("transient", {}).get("display_id")
-            for i in displays.get(display_id, []):
-                outputs[i]["data"] = content["data"]
-                outputs[i]["metadata"] = content["metadata"]
+            for shown in displays.get(display_id, []):
+                shown["data"] = content["data"]
+                shown["metadata"] = content["metadata"]
             continue
         if kind not in ("stream", "display_data", "execute_result", "error"):
             continue
         if clear_pending:
             outputs.clear()
-            displays.clear()
             clear_pending = False
         out = nbformat.v4.output_from_msg({"msg_type": kind, "content": content,
                                            "header": m["header"]})
         display_id = content.get("transient", {}).get("display_id") if isinstance(
             content.get("transient"), dict) else None
         if display_id:
-            displays.setdefault(display_id, []).append(len(outputs))
+            displays.setdefault(display_id, []).append(out)
         outputs.append(out)
     return outputs
