@@ -736,7 +736,10 @@ struct Gateway::Impl {
     http.WebSocket("/api/kernels/{kernel_id}/channels",
                    [this](const http::Request& r, std::shared_ptr<http::WsConnection> conn) {
                      return OpenChannels(r, std::move(conn));
-                   });
+                   },
+                   // Only the legacy framing (what jupyter_server's gateway client speaks); a
+                   // client offering v1.kernel.websocket.jupyter.org falls back to it.
+                   {.subprotocols = {}});
     http.Route("GET", "/api/nbos/cluster",
                [this](const http::Request&) { return JsonResponse(200, ClusterJson()); });
     http.Route("GET", "/metrics", [this](const http::Request&) {
