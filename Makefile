@@ -2,7 +2,7 @@
 JOBS ?= $(shell nproc)
 PY := /usr/bin/python3
 
-.PHONY: all build dev bootstrap run test test-unit test-e2e bench fuzz format clean
+.PHONY: all build dev bootstrap run example test test-unit test-e2e bench fuzz format clean
 
 all: build
 
@@ -17,9 +17,14 @@ dev:
 	@[ -f build-dev/build.ninja ] || cmake --preset dev
 	cmake --build build-dev -j$(JOBS)
 
-# Starts the platform on its embedded default: for now the standalone kernel, installed as the
-# `nbos` kernelspec under build/, executing the example notebook through it.
+# Starts the platform on its embedded default: a gateway and UP_HOSTS daemons with virtual GPUs on
+# this machine (`nbos up`), serving until Ctrl-C. UP_ARGS passes more options (--port, --token...).
+UP_HOSTS ?= 4
 run: bootstrap build
+	build/bin/nbos up --hosts $(UP_HOSTS) $(UP_ARGS)
+
+# The standalone kernel as a local kernelspec, executing examples/hello.ipynb.
+example: bootstrap build
 	@bash scripts/run-example
 
 test: bootstrap build
@@ -34,6 +39,7 @@ test-e2e: build
 bench: bootstrap build
 	$(PY) bench/kernel_roundtrip.py --nbos build/bin/nbos
 	$(PY) bench/replication_bench.py --nbos build/bin/nbos
+	$(PY) bench/gateway_bench.py --nbos build/bin/nbos
 	build/bin/store_throughput
 
 fuzz:

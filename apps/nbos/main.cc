@@ -12,6 +12,7 @@
 #include "cluster_commands.h"
 #include "jupyter/connection_file.h"
 #include "jupyter/kernelspec.h"
+#include "relay_commands.h"
 #include "replica/kernel_server.h"
 #include "replica/replica_gate.h"
 
@@ -84,10 +85,14 @@ int main(int argc, char** argv) {
   install->add_option("--display-name", spec.display_name, "Name shown in Jupyter")
       ->capture_default_str();
 
+  auto relay_kernelspec = nbos::app::AddRelayKernelspecOptions(*install, SelfPath());
+
   auto run_cluster_command = nbos::app::AddClusterCommands(app, SelfPath());
+  auto run_relay_command = nbos::app::AddRelayCommands(app);
 
   CLI11_PARSE(app, argc, argv);
   if (int rc = run_cluster_command(); rc >= 0) return rc;
+  if (int rc = run_relay_command(); rc >= 0) return rc;
 
   // The kernel server's options from the connection file; nullopt (reported) if unreadable.
   auto kernel_options = [&](const char* command) -> std::optional<nbos::replica::KernelOptions> {
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
   }
   if (*install) {
     spec.argv = {SelfPath(), "kernel", "-f", "{connection_file}"};
+    relay_kernelspec(&spec);  // --gateway: a relay kernelspec instead
     auto dir = nbos::jupyter::InstallKernelspec(nbos::jupyter::KernelsDir(user, prefix), spec);
     if (!dir.ok()) {
       std::cerr << "nbos kernelspec install: " << dir.status().message() << "\n";

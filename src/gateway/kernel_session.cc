@@ -323,6 +323,9 @@ struct KernelSession::Impl {
         // input_reply answers the replica that asked.
         const std::string asked = m.parent_msg_id();
         auto it = input_asker.find(asked);
+        // jupyter_client's input() replies with an empty parent header; with one prompt
+        // outstanding there is no doubt whom it answers.
+        if (it == input_asker.end() && input_asker.size() == 1) it = input_asker.begin();
         if (it == input_asker.end()) return;
         Link* link = FindLink(it->second);
         input_asker.erase(it);

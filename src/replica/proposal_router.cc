@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <mutex>
@@ -79,16 +81,24 @@ struct ProposalRouter::Impl {
         return;  // ETERM: stopping
       }
       // [identity, seq, command...] -> [identity, seq, "ok"|"error", last index|message]
+      // [identity, seq, "", "transfer", id] -> [identity, seq, "ok"|"error", message]
       if (parts.size() < 3) continue;
-      std::vector<std::string> commands;
-      for (size_t i = 2; i < parts.size(); ++i) commands.push_back(parts[i].to_string());
-      auto result = ProposeLocally(
-          node, std::move(commands),
-          std::chrono::duration_cast<std::chrono::milliseconds>(kServeCommitTimeout));
-      ++*served;
+      std::string status, body;
+      if (parts.size() == 5 && parts[2].size() == 0 && parts[3].to_string() == "transfer") {
+        Status s = TransferLocally(std::strtoull(parts[4].to_string().c_str(), nullptr, 10));
+        status = s.ok() ? "ok" : "error";
+        body = s.message();
+      } else {
+        std::vector<std::string> commands;
+        for (size_t i = 2; i < parts.size(); ++i) commands.push_back(parts[i].to_string());
+        auto result = ProposeLocally(
+            node, std::move(commands),
+            std::chrono::duration_cast<std::chrono::milliseconds>(kServeCommitTimeout));
+        ++*served;
+        status = result.ok() ? "ok" : "error";
+        body = result.ok() ? std::to_string(*result) : result.status().message();
+      }
       std::array<zmq::const_buffer, 4> reply;
-      std::string status = result.ok() ? "ok" : "error";
-      std::string body = result.ok() ? std::to_string(*result) : result.status().message();
       reply = {zmq::buffer(parts[0].data(), parts[0].size()),
                zmq::buffer(parts[1].data(), parts[1].size()), zmq::buffer(status),
                zmq::buffer(body)};
@@ -98,6 +108,17 @@ struct ProposalRouter::Impl {
         return;
       }
     }
+  }
+
+  Status TransferLocally(replication::ServerId to) {
+    if (to == 0) return InvalidArgument("no transfer target");
+    auto promise = std::make_shared<std::promise<Status>>();
+    auto future = promise->get_future();
+    node->TransferLeadership(to, [promise](Status s) { promise->set_value(std::move(s)); });
+    if (future.wait_for(kServeCommitTimeout) != std::future_status::ready) {
+      return Unavailable("leadership transfer did not finish in time");
+    }
+    return future.get();
   }
 
   zmq::socket_t& ClientFor(const std::string& endpoint) {
@@ -204,6 +225,36 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
     std::this_thread::sleep_for(10ms);
   }
   return Unavailable("proposal not committed in time: " + last.message());
+}
+
+Status ProposalRouter::RequestLeadership(replication::ServerId self,
+                                         std::chrono::milliseconds timeout) {
+  std::lock_guard lock(impl_->client_mu);
+  replication::Member leader = impl_->node->Leader();
+  if (leader.id == self) return Status::Ok();
+  if (leader.id == 0) return Unavailable("no leader to hand over leadership");
+  const std::string endpoint = PeerEndpointFor(leader.address);
+  zmq::socket_t& client = impl_->ClientFor(endpoint);
+  const std::string seq = std::to_string(++impl_->next_seq);
+  const std::string target = std::to_string(self);
+  std::array<zmq::const_buffer, 4> request{zmq::buffer(seq), zmq::const_buffer(nullptr, 0),
+                                           zmq::buffer(std::string_view("transfer")),
+                                           zmq::buffer(target)};
+  zmq::send_multipart(client, request);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    zmq::pollitem_t item{client.handle(), 0, ZMQ_POLLIN, 0};
+    if (wait.count() <= 0 || zmq::poll(&item, 1, wait) <= 0) break;
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(client, std::back_inserter(parts))) break;
+    if (parts.size() != 3 || parts[0].to_string() != seq) continue;
+    if (parts[1].to_string() == "ok") return Status::Ok();
+    return Unavailable("leader " + leader.address + " refused: " + parts[2].to_string());
+  }
+  impl_->clients.erase(endpoint);
+  return Unavailable("leader " + leader.address + " did not answer a leadership request");
 }
 
 }  // namespace nbos::replica

@@ -34,6 +34,12 @@ class ProposalRouter {
   // Commits `commands` as consecutive entries in one round trip; returns the last one's index.
   Result<uint64_t> ProposeAll(std::vector<std::string> commands, std::chrono::milliseconds timeout);
 
+  // Asks the current leader to hand leadership to `self` (this member), so that this member's
+  // next proposals commit without a forwarding hop and it learns each commit at once. Returns
+  // when the leader answered; the election that follows completes on its own. Errors:
+  // kUnavailable (no leader, no answer) or the leader's refusal.
+  Status RequestLeadership(replication::ServerId self, std::chrono::milliseconds timeout);
+
   uint64_t forwarded_served() const { return served_.load(); }
 
  private:

@@ -57,6 +57,17 @@ TEST(ProposalRouterTest, AnyMemberCommitsThroughTheLeaderAcrossLeaderChanges) {
   for (auto& r : routers) forwarded += r->forwarded_served();
   EXPECT_EQ(forwarded, 6u);  // two of three members were followers each round
 
+  // A follower asks for leadership and gets it; asking again as leader is a no-op.
+  const replication::ServerId old_leader = nodes[0]->Leader().id;
+  const size_t follower = old_leader % 3;  // index of member old_leader + 1 (mod 3)
+  ASSERT_NE(members[follower].id, old_leader);
+  Status handed = routers[follower]->RequestLeadership(members[follower].id, 5s);
+  ASSERT_TRUE(handed.ok()) << handed.ToString();
+  for (int t = 0; t < 500 && nodes[follower]->Leader().id != members[follower].id; ++t)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(nodes[follower]->Leader().id, members[follower].id);
+  EXPECT_TRUE(routers[follower]->RequestLeadership(members[follower].id, 5s).ok());
+
   // The leader goes away; the survivors' proposals follow the new leader.
   size_t leader = nodes[0]->Leader().id - 1;
   routers[leader].reset();

@@ -148,6 +148,7 @@ void ReplicaGate::Process(Event& e) {
     }
     case Event::Kind::kDone:
       if (executed_here_.count(e.exec_id) == 0) {
+        executed_in_a_row_ = 0;
         if (Status s = engine_->FinishStandby(e.meta); !s.ok()) {
           spdlog::error("execution {}: {}", e.exec_id, s.ToString());
         }
@@ -194,7 +195,18 @@ void ReplicaGate::ProcessEvents() {
   }
 }
 
-void ReplicaGate::Pump() { ProcessEvents(); }
+void ReplicaGate::Pump() {
+  ProcessEvents();
+  if (want_leadership_) {
+    // The executor of the last cell is likely the next one (the scheduler keeps executors
+    // sticky): as Raft leader its elections and commits skip the forwarding hop and the wait
+    // for the leader's next message. Done while idle, after the reply went out.
+    want_leadership_ = false;
+    if (Status s = router_->RequestLeadership(options_.replica_id, 500ms); !s.ok()) {
+      spdlog::debug("leadership not handed over: {}", s.ToString());
+    }
+  }
+}
 
 template <typename Pred>
 bool ReplicaGate::WaitFor(Pred done, const std::string& exec_id,
@@ -278,6 +290,9 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   // with the leader's next message, and waiting for that would add a heartbeat to every reply.
   // The records are counted when they arrive, and a checkpoint waits for that (see kDone).
   checkpoint_after_ = decision.exec_id;
+  // Only a repeat executor asks: when executors alternate, moving leadership every cell would
+  // cost an election each time.
+  want_leadership_ = options_.lead_follows_executor && ++executed_in_a_row_ >= 2;
   ProcessEvents();
   return Status::Ok();
 }

@@ -40,6 +40,8 @@ struct ReplicaOptions {
   // Memory for blobs fetched ahead of applying the deltas that need them.
   size_t prefetch_bytes = size_t{2} << 30;
   unsigned snapshot_threshold = 1024;  // Raft entries between snapshots
+  // After executing a cell, ask to become Raft leader (see ReplicaGate::Pump).
+  bool lead_follows_executor = true;
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -113,6 +115,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::set<std::string> executed_here_;  // by this process: its namespace already has the effects
   uint64_t journal_seen_ = 0;            // journal records this namespace reflects
   uint64_t since_checkpoint_ = 0;        // of those, after the last checkpoint
+  bool want_leadership_ = false;         // executed cells here; ask for Raft leadership
+  uint64_t executed_in_a_row_ = 0;       // cells executed here since another replica executed
   std::string checkpoint_after_;         // executed here, Done not yet applied here
 };
 
