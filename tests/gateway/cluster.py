@@ -57,22 +57,8 @@ class Cluster:
             time.sleep(0.1)
 
     def request(self, method, path, body=None, token=None, headers=None, raw=None):
-        h = {"Authorization": f"token {self.token if token is None else token}"}
-        h.update(headers or {})
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        if data is not None:
-            h.setdefault("Content-Type", "application/json")
-        req = urllib.request.Request(self.url + path, method=method, headers=h, data=data)
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                payload = resp.read()
-                return resp.status, (json.loads(payload) if payload else None)
-        except urllib.error.HTTPError as e:
-            payload = e.read()
-            try:
-                return e.code, json.loads(payload)
-            except ValueError:
-                return e.code, payload.decode(errors="replace")
+        return rest_call(self.url, self.token if token is None else token, method, path, body,
+                         headers, raw)
 
     def get(self, path):
         status, body = self.request("GET", path)
@@ -154,15 +140,27 @@ class _Rest:
         self.url, self.token = url, token
 
     def request(self, method, path, body=None):
-        h = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, method=method, headers=h, data=data)
+        return rest_call(self.url, self.token, method, path, body)
+
+
+def rest_call(url, token, method, path, body=None, headers=None, raw=None):
+    """One REST call with `Authorization: token T`; returns (status, JSON body or text)."""
+    h = {"Authorization": f"token {token}"}
+    h.update(headers or {})
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    if data is not None:
+        h.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(url + path, method=method, headers=h, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            payload = resp.read()
+            return resp.status, (json.loads(payload) if payload else None)
+    except urllib.error.HTTPError as e:
+        payload = e.read()
         try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                payload = resp.read()
-                return resp.status, (json.loads(payload) if payload else None)
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
+            return e.code, json.loads(payload)
+        except ValueError:
+            return e.code, payload.decode(errors="replace")
 
 
 class KernelSocket:
