@@ -229,6 +229,13 @@ TEST_F(ClientTest, WebSocketPeerCloseAndServerStop) {
 
   auto ws2 = WsClient::Connect(ws_base_ + "/ws", Auth(), 5s);
   ASSERT_TRUE(ws2.ok());
+  // The client sees the handshake complete before the server has registered the connection; an
+  // echo proves the server side is fully up, so Stop must close it with 1001 (a connection still
+  // mid-handshake at Stop is cut instead).
+  ASSERT_TRUE((*ws2)->SendText("ping").ok());
+  auto echo = (*ws2)->Receive(5s);
+  ASSERT_TRUE(echo.has_value());
+  ASSERT_EQ(echo->type, WsFrame::Type::kText);
   server_.Stop();
   f = (*ws2)->Receive(5s);
   ASSERT_TRUE(f.has_value());
