@@ -77,6 +77,7 @@ struct DaemonArgs {
   daemon::DaemonOptions options;
   std::string log_level = "info";
   bool virtual_gpus_only = false;
+  std::string replica_ports;
 };
 struct UpArgs {
   int hosts = 4;
@@ -110,6 +111,14 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
   InitLogging(STDERR_FILENO, args.log_level, "daemon");
   if (args.options.nbos_binary.empty()) args.options.nbos_binary = self_path;
   if (args.virtual_gpus_only) args.options.gpu_source = daemon::GpuSource::kVirtual;
+  if (!args.replica_ports.empty()) {
+    auto range = daemon::PortRange::Parse(args.replica_ports);
+    if (!range.ok()) {
+      std::cerr << "nbos daemon: --replica-ports: " << range.status().message() << "\n";
+      return 2;
+    }
+    args.options.replica_ports = *range;
+  }
   auto d = daemon::Daemon::Start(args.options);
   if (!d.ok()) {
     std::cerr << "nbos daemon: " << d.status().message() << "\n";
@@ -215,8 +224,8 @@ void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
 
 int RunUp(UpArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
-  if (args.hosts < 3) {
-    std::cerr << "nbos up: --hosts must be at least 3 (each kernel has three replicas)\n";
+  if (args.hosts < 3 || args.hosts > 64) {
+    std::cerr << "nbos up: --hosts must be 3 to 64 (each kernel has three replicas)\n";
     return 2;
   }
   if (args.state_dir.empty()) args.state_dir = DefaultStateDir();
@@ -243,13 +252,20 @@ int RunUp(UpArgs& args, const std::string& self_path) {
                       {self_path, "gateway", "--port", std::to_string(args.port),
                        "--control-address", control, "--state-dir", args.state_dir + "/gateway",
                        "--token", args.token, "--log-level", args.log_level}});
+  // Daemons on one machine get disjoint replica port ranges: one port probed free by two of
+  // them would otherwise reach two replicas.
+  const daemon::PortRange all_ports;
+  const int ports_per_host = all_ports.size() / args.hosts;
   for (int i = 1; i <= args.hosts; ++i) {
     const std::string id = "host-" + std::to_string(i);
+    const int first = all_ports.first + (i - 1) * ports_per_host;
     children.push_back({id,
                         {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
                          std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
                          args.state_dir + "/" + id, "--blob-store",
-                         "dir://" + args.state_dir + "/blobs", "--log-level", args.log_level}});
+                         "dir://" + args.state_dir + "/blobs", "--replica-ports",
+                         std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
+                         "--log-level", args.log_level}});
   }
   auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
   children[0].pid = Spawn(children[0], log_of(children[0]));
@@ -340,6 +356,10 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   d->add_option("--blob-store", d_args->options.blob_store_url,
                 "Blob store of the replicas (default dir://STATE/blobs)");
   d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
+  d->add_option("--replica-ports", d_args->replica_ports,
+                "FIRST-LAST: TCP ports replicas bind, outside the ephemeral range (default " +
+                    std::to_string(daemon::PortRange{}.first) + "-" +
+                    std::to_string(daemon::PortRange{}.last) + ")");
   d->add_option("--log-level", d_args->log_level)->capture_default_str();
 
   auto up_args = std::make_shared<UpArgs>();

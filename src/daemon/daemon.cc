@@ -129,6 +129,10 @@ class Daemon::Service final : public control::Daemon::Service {
 Daemon::Daemon(DaemonOptions options, GpuInventory gpus)
     : options_(std::move(options)),
       gpus_(std::move(gpus)),
+      // Daemons sharing a machine and a port range start at different places in it.
+      port_allocator_("0.0.0.0", options_.replica_ports,
+                      std::hash<std::string>{}(options_.server_id) ^
+                          static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull),
       ledger_(ResourceVector{options_.millicpus, options_.memory_mb, 0, 0}, gpus_.devices) {}
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {

@@ -47,6 +47,7 @@ struct DaemonOptions {
   int64_t millicpus = 0;                       // 0: online CPUs × 1000
   int64_t memory_mb = 0;                       // 0: physical memory
   std::string advertise_ip = "127.0.0.1";      // replicas bind and are reached here (IPv4)
+  PortRange replica_ports;                     // what replicas bind (see ports.h)
   std::string replica_log_level = "info";      // --log-level of replicas
   // Replica restarts (see SupervisorOptions).
   int max_restarts = 5;

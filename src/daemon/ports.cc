@@ -5,10 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <charconv>
+
 namespace nbos::daemon {
 namespace {
-
-constexpr int kMaxTries = 1000;
 
 // Binds a fresh TCP socket to ip:port; returns the bound port, or 0 when binding failed.
 int BindOnce(const std::string& ip, int port) {
@@ -36,37 +36,62 @@ bool PortAllocator::CanBind(const std::string& ip, int port) {
   return port > 0 && port < 65536 && BindOnce(ip, port) == port;
 }
 
-int PortAllocator::ProbeEphemeral() const { return BindOnce(bind_ip_, 0); }
+Result<PortRange> PortRange::Parse(std::string_view text) {
+  PortRange r;
+  size_t dash = text.find('-');
+  auto number = [](std::string_view digits, int* out) {
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), *out);
+    return ec == std::errc() && end == digits.data() + digits.size();
+  };
+  if (dash == std::string_view::npos || !number(text.substr(0, dash), &r.first) ||
+      !number(text.substr(dash + 1), &r.last) || r.first < 1 || r.last > 65535 ||
+      r.first > r.last) {
+    return InvalidArgument("a port range is FIRST-LAST within 1-65535, got '" + std::string(text) +
+                           "'");
+  }
+  return r;
+}
+
+int PortAllocator::NextFree(bool pair) {
+  for (int tries = 0; tries < range_.size(); ++tries) {
+    int port = next_;
+    next_ = next_ == range_.last ? range_.first : next_ + 1;
+    if (reserved_.contains(port) || !CanBind(bind_ip_, port)) continue;
+    if (pair &&
+        (port == range_.last || reserved_.contains(port + 1) || !CanBind(bind_ip_, port + 1))) {
+      continue;
+    }
+    return port;
+  }
+  return 0;
+}
 
 Result<std::vector<int>> PortAllocator::Reserve(int n) {
   std::lock_guard lock(mu_);
   std::vector<int> ports;
-  for (int tries = 0; static_cast<int>(ports.size()) < n && tries < kMaxTries; ++tries) {
-    int port = ProbeEphemeral();
-    if (port == 0 || reserved_.contains(port)) continue;
+  while (static_cast<int>(ports.size()) < n) {
+    int port = NextFree(/*pair=*/false);
+    if (port == 0) {
+      for (int p : ports) reserved_.erase(p);
+      return ResourceExhausted("no free TCP ports in " + std::to_string(range_.first) + "-" +
+                               std::to_string(range_.last));
+    }
     reserved_.insert(port);
     ports.push_back(port);
-  }
-  if (static_cast<int>(ports.size()) < n) {
-    for (int p : ports) reserved_.erase(p);
-    return ResourceExhausted("no free TCP ports");
   }
   return ports;
 }
 
 Result<int> PortAllocator::ReservePair() {
   std::lock_guard lock(mu_);
-  for (int tries = 0; tries < kMaxTries; ++tries) {
-    int port = ProbeEphemeral();
-    if (port == 0 || port >= 65535 || reserved_.contains(port) || reserved_.contains(port + 1)) {
-      continue;
-    }
-    if (!CanBind(bind_ip_, port + 1)) continue;
-    reserved_.insert(port);
-    reserved_.insert(port + 1);
-    return port;
+  int port = NextFree(/*pair=*/true);
+  if (port == 0) {
+    return ResourceExhausted("no free TCP port pair in " + std::to_string(range_.first) + "-" +
+                             std::to_string(range_.last));
   }
-  return ResourceExhausted("no free TCP port pair");
+  reserved_.insert(port);
+  reserved_.insert(port + 1);
+  return port;
 }
 
 void PortAllocator::Release(const std::vector<int>& ports) {

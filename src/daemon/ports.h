@@ -1,8 +1,14 @@
 // TCP ports a daemon hands to the replicas it prepares. A replica binds its ports only when it
 // starts, so the daemon remembers what it handed out and never hands a port out twice until it
 // is returned.
+//
+// Ports come from a fixed range that should lie outside the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default): a port probed free in the
+// ephemeral range can be taken by any outgoing connection before the replica binds it. Daemons
+// sharing a machine (`nbos up`) get disjoint ranges.
 #pragma once
 
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <string>
@@ -12,13 +18,29 @@
 
 namespace nbos::daemon {
 
+struct PortRange {
+  int first = 20000;  // inclusive
+  int last = 32767;   // inclusive
+
+  // "FIRST-LAST" with 1 <= FIRST <= LAST <= 65535; InvalidArgument otherwise.
+  static Result<PortRange> Parse(std::string_view text);
+  int size() const { return last - first + 1; }
+};
+
 class PortAllocator {
  public:
   // Probes ports by binding `bind_ip` (an IPv4 address; "0.0.0.0" checks every local address).
-  explicit PortAllocator(std::string bind_ip = "0.0.0.0") : bind_ip_(std::move(bind_ip)) {}
+  // The first port tried is range.first + start_offset % range.size(): allocators sharing a range
+  // on one machine should start far apart.
+  explicit PortAllocator(std::string bind_ip = "0.0.0.0", PortRange range = {},
+                         uint64_t start_offset = 0)
+      : bind_ip_(std::move(bind_ip)),
+        range_(range),
+        next_(range.first + static_cast<int>(start_offset % range.size())) {}
 
-  // `n` distinct ports that bind now and were not handed out before (or were returned).
-  // ResourceExhausted when none can be found after many tries. Thread-safe.
+  // `n` distinct ports of the range that bind now and were not handed out before (or were
+  // returned). Ports are handed out round-robin through the range, so a returned port is reused
+  // as late as possible. ResourceExhausted when the range has too few. Thread-safe.
   Result<std::vector<int>> Reserve(int n);
 
   // A port P with P + 1 free too (a replica serves forwarded proposals on its Raft port + 1);
@@ -35,10 +57,14 @@ class PortAllocator {
   static bool CanBind(const std::string& ip, int port);
 
  private:
-  int ProbeEphemeral() const;  // 0 on failure
+  // The next port of the range after the cursor that is unreserved and binds (and, with `pair`,
+  // whose successor does too); 0 after one full turn without one. Advances the cursor.
+  int NextFree(bool pair);  // requires mu_
 
   const std::string bind_ip_;
+  const PortRange range_;
   mutable std::mutex mu_;
+  int next_;                // guarded by mu_
   std::set<int> reserved_;  // guarded by mu_
 };
 

@@ -485,7 +485,30 @@ struct Gateway::Impl {
   // Waits until every replica answers kernel_info, so the first request of a client does not
   // race the replicas' start-up.
   Status AwaitReplicas(Kernel& k) {
-    return k.session->AwaitReplicas(std::chrono::milliseconds(options.kernel_start_timeout_ms));
+    return k.session->AwaitReplicas(
+        std::chrono::milliseconds(options.kernel_start_timeout_ms),
+        [&, since = SteadyClock::now()] { return ReplicasNotGivenUp(k.meta, since); });
+  }
+
+  // Unavailable when a daemon reports, in a heartbeat newer than `since`, that one of the
+  // kernel's replicas exited and is not restarted (its restart budget is spent): waiting for it
+  // longer is pointless.
+  Status ReplicasNotGivenUp(const StoredKernel& meta, SteadyClock::time_point since) {
+    std::lock_guard lock(mu);
+    for (const StoredReplica& r : meta.replicas) {
+      auto it = servers.find(r.server_id);
+      if (it == servers.end() || it->second->last_seen <= since) continue;
+      for (const auto& st : it->second->status.replicas()) {
+        if (st.kernel_id() == meta.kernel_id && st.replica_id() == r.replica_id &&
+            st.state() == "exited") {
+          return Unavailable(fmt::format(
+              "replica {} of kernel {} on server {} exited (code {}) and will not be restarted; "
+              "its replica.log on that server says why",
+              r.replica_id, meta.kernel_id, r.server_id, st.exit_code()));
+        }
+      }
+    }
+    return Status::Ok();
   }
 
   Status DeleteKernel(const std::string& id) {

@@ -578,7 +578,8 @@ void KernelSession::Shutdown() {
   close(impl_->wake_fd);
 }
 
-Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout) {
+Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout,
+                                    const std::function<Status()>& check) {
   std::vector<ReplicaId> all;
   for (const auto& ep : impl_->options.replicas) all.push_back(ep.replica_id);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -591,6 +592,12 @@ Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout) {
     for (ReplicaId r : all)
       if (!impl_->answered_probe.count(r)) missing.push_back(r);
     if (missing.empty()) return Status::Ok();
+    if (check) {
+      lock.unlock();
+      Status s = check();
+      lock.lock();
+      if (!s.ok()) return s;
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string names;
       for (ReplicaId r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);

@@ -82,8 +82,10 @@ class KernelSession {
   ~KernelSession();  // Shutdown()
 
   // Sends kernel_info_request to every replica and waits until each answered. Errors:
-  // Unavailable naming the replicas that did not answer within `timeout`.
-  Status AwaitReplicas(std::chrono::milliseconds timeout);
+  // Unavailable naming the replicas that did not answer within `timeout`, or the first error
+  // `check` returns (polled about once a second, e.g. "a replica exited for good").
+  Status AwaitReplicas(std::chrono::milliseconds timeout,
+                       const std::function<Status()>& check = nullptr);
   // Stops the thread, tells every client the kernel is gone, releases an outstanding grant.
   // Idempotent; later calls of the other methods do nothing.
   void Shutdown();
