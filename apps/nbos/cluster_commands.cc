@@ -83,6 +83,7 @@ struct UpArgs {
   int hosts = 4;
   int gpus_per_host = 2;
   int port = 8889;
+  int warm_pool = 1;
   std::string state_dir;
   std::string token;
   std::string log_level = "info";
@@ -259,13 +260,14 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   for (int i = 1; i <= args.hosts; ++i) {
     const std::string id = "host-" + std::to_string(i);
     const int first = all_ports.first + (i - 1) * ports_per_host;
-    children.push_back({id,
-                        {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
-                         std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
-                         args.state_dir + "/" + id, "--blob-store",
-                         "dir://" + args.state_dir + "/blobs", "--replica-ports",
-                         std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
-                         "--log-level", args.log_level}});
+    children.push_back(
+        {id,
+         {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
+          std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
+          args.state_dir + "/" + id, "--blob-store", "dir://" + args.state_dir + "/blobs",
+          "--replica-ports",
+          std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1), "--warm-pool",
+          std::to_string(args.warm_pool), "--log-level", args.log_level}});
   }
   auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
   children[0].pid = Spawn(children[0], log_of(children[0]));
@@ -356,6 +358,12 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   d->add_option("--blob-store", d_args->options.blob_store_url,
                 "Blob store of the replicas (default dir://STATE/blobs)");
   d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
+  d->add_option("--warm-pool", d_args->options.warm_pool_size,
+                "Pre-started replica processes kept ready for launches")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  d->add_option("--warm-preload", d_args->options.warm_preload,
+                "Python modules warm replica processes import ahead (e.g. torch)");
   d->add_option("--replica-ports", d_args->replica_ports,
                 "FIRST-LAST: TCP ports replicas bind, outside the ephemeral range (default " +
                     std::to_string(daemon::PortRange{}.first) + "-" +
@@ -369,6 +377,9 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--gpus-per-host", up_args->gpus_per_host, "Virtual GPUs per server")
       ->capture_default_str();
   up->add_option("--port", up_args->port, "Gateway HTTP port (0: any)")->capture_default_str();
+  up->add_option("--warm-pool", up_args->warm_pool, "Pre-started replica processes per server")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
   up->add_option("--log-level", up_args->log_level)->capture_default_str();

@@ -129,11 +129,11 @@ class Daemon::Service final : public control::Daemon::Service {
 Daemon::Daemon(DaemonOptions options, GpuInventory gpus)
     : options_(std::move(options)),
       gpus_(std::move(gpus)),
+      ledger_(ResourceVector{options_.millicpus, options_.memory_mb, 0, 0}, gpus_.devices),
       // Daemons sharing a machine and a port range start at different places in it.
       port_allocator_("0.0.0.0", options_.replica_ports,
                       std::hash<std::string>{}(options_.server_id) ^
-                          static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull),
-      ledger_(ResourceVector{options_.millicpus, options_.memory_mb, 0, 0}, gpus_.devices) {}
+                          static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull) {}
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   DaemonOptions options = given;
@@ -172,6 +172,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   sup.restart_window = options.restart_window;
   sup.restart_delay = options.restart_delay;
   sup.stop_grace = options.stop_grace;
+  sup.warm_pool_size = options.warm_pool_size;
+  sup.warm_dir = options.state_dir + "/warm";
+  sup.warm_preload = options.warm_preload;
+  if (options.warm_pool_size > 0) {
+    fs::create_directories(sup.warm_dir, ec);
+    if (ec) return Internal("cannot create " + sup.warm_dir + ": " + ec.message());
+  }
   Daemon* raw = d.get();
   sup.on_exit = [raw](const ReplicaKey& key, int code, bool restarting) {
     raw->OnReplicaExit(key, code, restarting);
@@ -414,6 +421,13 @@ control::ServerStatus Daemon::GetStatus() const {
     r->set_exit_code(p.exit_code);
     r->set_restarts(p.restarts);
   }
+  const WarmPoolStats warm = supervisor_->warm_pool();
+  control::WarmPool* w = status.mutable_warm_pool();
+  w->set_ready(warm.ready);
+  w->set_target(options_.warm_pool_size);
+  w->set_promoted(warm.promoted);
+  w->set_cold(warm.cold);
+  w->set_disabled(warm.disabled);
   return status;
 }
 

@@ -48,6 +48,8 @@ struct DaemonOptions {
   int64_t memory_mb = 0;                       // 0: physical memory
   std::string advertise_ip = "127.0.0.1";      // replicas bind and are reached here (IPv4)
   PortRange replica_ports;                     // what replicas bind (see ports.h)
+  int warm_pool_size = 0;                      // pre-started replica processes (see Supervisor)
+  std::vector<std::string> warm_preload;       // Python modules they import ahead
   std::string replica_log_level = "info";      // --log-level of replicas
   // Replica restarts (see SupervisorOptions).
   int max_restarts = 5;

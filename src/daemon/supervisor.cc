@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "common/ids.h"
 
@@ -53,6 +55,61 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   for (std::string& s : strings) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
+}
+
+// Starts `argv` in its own process group with default signal handling, stdin from `stdin_fd`
+// (-1: /dev/null), stdout and stderr to `log_fd`, in `cwd`. Returns the pid or errno.
+Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
+                           int stdin_fd, int log_fd, const std::string& cwd) {
+  // posix_spawn (vfork-like in glibc) rather than fork: the daemon is multi-threaded (gRPC).
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (stdin_fd < 0) {
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  } else {
+    posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
+  }
+  posix_spawn_file_actions_adddup2(&actions, log_fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // no inherited daemon sockets
+  posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
+
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // Its own process group, so Stop() reaches whatever the replica's cells started too.
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  // Ignored dispositions survive exec (gRPC ignores SIGPIPE); the replica expects defaults.
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2}) {
+    sigaddset(&defaults, sig);
+  }
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+
+  std::vector<char*> args = CStrings(argv);
+  std::vector<char*> env = CStrings(envp);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, args[0], &actions, &attr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return Internal(fmt::format("cannot start {}: {}", argv[0], strerror(rc)));
+  return pid;
+}
+
+// Writes all of `data` to a socket; false if the peer is gone.
+bool SendAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
 }
 
 int ExitCode(int status) {
@@ -171,47 +228,123 @@ Status Supervisor::Spawn(Child& child) {
   std::string banner = fmt::format("--- nbos daemon: starting replica {} at {} (restart {}) ---\n",
                                    child.info.key.ToString(), NowIsoUtc(), child.info.restarts);
   [[maybe_unused]] ssize_t w = write(log_fd, banner.data(), banner.size());
-
-  // posix_spawn (vfork-like in glibc) rather than fork: the daemon is multi-threaded (gRPC).
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, log_fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // no inherited daemon sockets
-  posix_spawn_file_actions_addchdir_np(&actions, child.info.dir.c_str());
-
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  // Its own process group, so Stop() reaches whatever the replica's cells started too.
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t empty;
-  sigemptyset(&empty);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  // Ignored dispositions survive exec (gRPC ignores SIGPIPE); the replica expects defaults.
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2}) {
-    sigaddset(&defaults, sig);
+  if (Promote(child)) {
+    close(log_fd);
+    return Status::Ok();
   }
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-
-  std::vector<char*> argv = CStrings(child.argv);
-  std::vector<char*> envp = CStrings(child.envp);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  Result<pid_t> pid = SpawnProcess(child.argv, child.envp, -1, log_fd, child.info.dir);
   close(log_fd);
-  if (rc != 0) {
-    return Internal(fmt::format("cannot start {}: {}", child.argv[0], strerror(rc)));
-  }
-  child.info.pid = pid;
+  if (!pid.ok()) return pid.status();
+  child.info.pid = *pid;
   child.info.state = ReplicaState::kRunning;
-  spdlog::info("replica {} started, pid {}", child.info.key.ToString(), pid);
+  ++warm_stats_.cold;
+  spdlog::info("replica {} started, pid {}", child.info.key.ToString(), *pid);
   return Status::Ok();
+}
+
+bool Supervisor::Promote(Child& child) {
+  while (!warm_.empty()) {
+    WarmProcess warm = warm_.front();
+    warm_.pop_front();
+    nlohmann::json promotion = {
+        {"argv", std::vector<std::string>(child.argv.begin() + 2, child.argv.end())},
+        {"env", child.envp},
+        {"cwd", child.info.dir},
+        {"log", child.info.dir + "/replica.log"}};
+    const bool sent = SendAll(warm.stdin_fd, promotion.dump() + "\n");
+    close(warm.stdin_fd);
+    if (!sent) {
+      // It died waiting; reap it here so the pool does not count it twice.
+      kill(-warm.pid, SIGKILL);
+      waitpid(warm.pid, nullptr, 0);
+      ++warm_stats_.died;
+      continue;
+    }
+    child.info.pid = warm.pid;
+    child.info.state = ReplicaState::kRunning;
+    ++warm_stats_.promoted;
+    spdlog::info("replica {} started, pid {} (a warm process)", child.info.key.ToString(),
+                 warm.pid);
+    cv_.notify_all();  // the watch thread tops the pool up
+    return true;
+  }
+  return false;
+}
+
+Status Supervisor::SpawnWarm() {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return Internal(std::string("socketpair: ") + strerror(errno));
+  }
+  const std::string log_path = fmt::format("{}/warm-{}.log", options_.warm_dir, ++warm_spawned_);
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    close(sv[0]);
+    close(sv[1]);
+    return Internal("cannot open " + log_path + ": " + strerror(errno));
+  }
+  std::vector<std::string> argv = {options_.nbos_binary, "replica", "--warm", "--log-level",
+                                   options_.log_level};
+  for (const std::string& m : options_.warm_preload) argv.push_back("--preload=" + m);
+  std::vector<std::string> envp = BuildEnvironment({{{"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}}});
+  Result<pid_t> pid = SpawnProcess(argv, envp, sv[1], log_fd, options_.warm_dir);
+  close(sv[1]);
+  close(log_fd);
+  if (!pid.ok()) {
+    close(sv[0]);
+    return pid.status();
+  }
+  warm_.push_back({*pid, sv[0]});
+  return Status::Ok();
+}
+
+void Supervisor::TendWarmPool() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = warm_.begin(); it != warm_.end();) {
+    int status = 0;
+    if (waitpid(it->pid, &status, WNOHANG) != it->pid) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("warm replica process {} {} before it was used; see {}/warm-*.log", it->pid,
+                 DescribeExit(ExitCode(status)), options_.warm_dir);
+    close(it->stdin_fd);
+    it = warm_.erase(it);
+    ++warm_stats_.died;
+    warm_deaths_.push_back(now);
+  }
+  while (!warm_deaths_.empty() && now - warm_deaths_.front() > options_.restart_window) {
+    warm_deaths_.pop_front();
+  }
+  if (!warm_stats_.disabled && static_cast<int>(warm_deaths_.size()) > options_.max_restarts) {
+    spdlog::error("warm replica processes keep dying; the warm pool is off (cold starts only)");
+    warm_stats_.disabled = true;
+  }
+  if (warm_closed_ || warm_stats_.disabled) return;
+  while (static_cast<int>(warm_.size()) < options_.warm_pool_size) {
+    if (Status s = SpawnWarm(); !s.ok()) {
+      spdlog::error("warm pool: {}", s.message());
+      warm_stats_.disabled = true;
+      return;
+    }
+  }
+}
+
+void Supervisor::StopWarmPool() {
+  warm_closed_ = true;
+  for (const WarmProcess& w : warm_) {
+    close(w.stdin_fd);  // end of input: a waiting warm process exits
+    kill(-w.pid, SIGTERM);
+  }
+  for (const WarmProcess& w : warm_) waitpid(w.pid, nullptr, 0);
+  warm_.clear();
+}
+
+WarmPoolStats Supervisor::warm_pool() const {
+  std::lock_guard lock(mu_);
+  WarmPoolStats stats = warm_stats_;
+  stats.ready = static_cast<int>(warm_.size());
+  return stats;
 }
 
 Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
@@ -238,6 +371,7 @@ void Supervisor::StopAll(bool keep_data) {
   std::vector<std::string> dirs;
   {
     std::unique_lock lock(mu_);
+    StopWarmPool();
     std::vector<ReplicaKey> keys;
     for (const auto& [key, child] : children_) keys.push_back(key);
     if (keys.empty()) return;
@@ -291,6 +425,7 @@ void Supervisor::Watch() {
   while (!shutdown_) {
     std::vector<ExitEvent> exits;
     Poll(&exits);
+    TendWarmPool();
     if (!exits.empty() && options_.on_exit) {
       // Without the lock: the callback takes the daemon's locks, and the daemon may call into
       // the Supervisor while holding them.

@@ -5,6 +5,12 @@
 // A replica's directory DIR holds connection.json (the Jupyter connection file it binds),
 // data/ (its Raft log and snapshots) and replica.log.
 //
+// Warm pool: the Supervisor can keep pre-started `nbos replica --warm` processes (Python and
+// its heavy modules already loaded). A launch or restart takes one when there is one, sending it
+// the replica's arguments, environment, directory and log over its stdin, and then supervises it
+// like any other replica; the pool is topped up on the watch thread. Warm processes that keep
+// dying disable the pool (cold starts go on).
+//
 // Thread-safe. Lock order for callers: the Supervisor never calls `on_exit` with its own lock
 // held, so `on_exit` may take the caller's locks, and the caller may call into the Supervisor
 // while holding its own locks (but not from inside `on_exit`, which runs on the watch thread).
@@ -67,6 +73,18 @@ struct SupervisorOptions {
   // Called on the watch thread after a replica's process exited without a Stop() asking for it
   // (its GPUs must be released). `restarting` tells whether a new process will follow.
   std::function<void(const ReplicaKey& key, int exit_code, bool restarting)> on_exit;
+  // Warm processes to keep ready (0: none); they log to warm_dir/warm-N.log until promoted.
+  int warm_pool_size = 0;
+  std::string warm_dir;
+  std::vector<std::string> warm_preload;  // Python modules they import ahead (--preload)
+};
+
+struct WarmPoolStats {
+  int ready = 0;          // warm processes waiting
+  uint64_t promoted = 0;  // launches and restarts that took one
+  uint64_t cold = 0;      // launches and restarts that started a fresh process
+  uint64_t died = 0;      // warm processes that exited before promotion
+  bool disabled = false;  // too many died: the pool is off
 };
 
 class Supervisor {
@@ -100,11 +118,13 @@ class Supervisor {
   // the process is reaped. NotFound for unknown replicas.
   Status Stop(const ReplicaKey& key, bool keep_data);
 
-  // Stops every replica at once (one grace period in total) and forgets them all.
+  // Stops every replica at once (one grace period in total) and forgets them all; stops the
+  // warm pool for good.
   void StopAll(bool keep_data);
 
   std::optional<ReplicaProcess> Get(const ReplicaKey& key) const;
   std::vector<ReplicaProcess> List() const;
+  WarmPoolStats warm_pool() const;
 
  private:
   struct Child {
@@ -115,6 +135,10 @@ class Supervisor {
     std::deque<std::chrono::steady_clock::time_point> restart_times;
     std::chrono::steady_clock::time_point restart_at;
   };
+  struct WarmProcess {
+    pid_t pid = 0;
+    int stdin_fd = -1;  // write end of its stdin
+  };
   struct ExitEvent {
     ReplicaKey key;
     int exit_code;
@@ -122,7 +146,13 @@ class Supervisor {
   };
 
   Status Spawn(Child& child);  // mu_ held
-  void Watch();                // the watch thread
+  // Hands `child` to a warm process; false (and the process discarded) if none takes it. mu_ held.
+  bool Promote(Child& child);
+  Status SpawnWarm();  // mu_ held
+  // Reaps warm processes that died and tops the pool up; mu_ held.
+  void TendWarmPool();
+  void StopWarmPool();  // mu_ held
+  void Watch();         // the watch thread
   // Reaps exited children and starts due restarts; mu_ held. Appends unexpected exits.
   void Poll(std::vector<ExitEvent>* exits);
   // Signals and waits for the given children (mu_ held via `lock`); SIGKILL after the grace.
@@ -133,6 +163,11 @@ class Supervisor {
   std::condition_variable cv_;            // wakes the watch thread and Stop() waiters
   std::map<ReplicaKey, Child> children_;  // guarded by mu_
   bool shutdown_ = false;                 // guarded by mu_
+  std::deque<WarmProcess> warm_;          // guarded by mu_, oldest first
+  WarmPoolStats warm_stats_;              // guarded by mu_ (ready derived from warm_)
+  std::deque<std::chrono::steady_clock::time_point> warm_deaths_;  // guarded by mu_
+  uint64_t warm_spawned_ = 0;                                      // guarded by mu_
+  bool warm_closed_ = false;                                       // guarded by mu_
   std::thread watcher_;
 };
 

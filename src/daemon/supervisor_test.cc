@@ -1,9 +1,14 @@
 #include "daemon/supervisor.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "daemon/test_util.h"
 
@@ -211,6 +216,76 @@ TEST_F(SupervisorTest, DestructorStopsEverythingAndKeepsData) {
   }
   for (pid_t pid : pids) EXPECT_TRUE(ProcessGone(pid)) << pid;
   for (const ReplicaKey& key : keys) EXPECT_TRUE(std::filesystem::exists(Dir(key)));
+}
+
+TEST_F(SupervisorTest, LaunchesPromoteWarmProcessesAndThePoolIsToppedUp) {
+  options_.warm_pool_size = 2;
+  options_.warm_dir = tmp_.path() + "/warm";
+  options_.warm_preload = {"torch"};
+  std::filesystem::create_directories(options_.warm_dir);
+  auto s = Make();
+  ASSERT_TRUE(Eventually([&] { return s->warm_pool().ready == 2; }));
+  ReplicaKey key{"k1", 1};
+  Prepare(*s, key);
+  auto pid = Launch(*s, key, "sleep");
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  EXPECT_EQ(s->warm_pool().promoted, 1u);
+  EXPECT_EQ(s->warm_pool().cold, 0u);
+  const std::string promoted = options_.warm_dir + "/promoted-" + std::to_string(*pid) + ".json";
+  std::string line;
+  ASSERT_TRUE(Eventually([&] {
+    line = ReadFile(promoted);
+    return !line.empty();
+  }));
+  auto promotion = nlohmann::json::parse(line);
+  std::vector<std::string> argv = promotion["argv"];
+  ASSERT_GE(argv.size(), 4u);
+  EXPECT_EQ(argv[0], "-f");
+  EXPECT_EQ(argv[1], Dir(key) + "/connection.json");
+  EXPECT_EQ(argv.back(), "--peer=2=127.0.0.1:5002");
+  EXPECT_EQ(promotion["cwd"], Dir(key));
+  EXPECT_EQ(promotion["log"], Dir(key) + "/replica.log");
+  std::vector<std::string> env = promotion["env"];
+  for (const char* want : {"NBOS_KERNEL_ID=k1", "NBOS_REPLICA_ID=1", "EXTRA=yes"}) {
+    EXPECT_NE(std::find(env.begin(), env.end(), want), env.end()) << want;
+  }
+  EXPECT_NE(ReadFile(Dir(key) + "/replica.log").find("starting replica k1/1"), std::string::npos);
+  // The pool refills, and the promoted process is supervised like any replica.
+  ASSERT_TRUE(Eventually([&] { return s->warm_pool().ready == 2; }));
+  kill(*pid, SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return restarting_exits_ == 1; }));
+  ASSERT_TRUE(Eventually([&] {
+    auto p = s->Get(key);
+    return p && p->state == ReplicaState::kRunning && p->pid > 0 && p->pid != *pid;
+  }));
+  EXPECT_EQ(s->warm_pool().promoted, 2u) << "a restart takes a warm process too";
+  s->StopAll(/*keep_data=*/true);
+  EXPECT_EQ(s->warm_pool().ready, 0);
+  EXPECT_TRUE(ProcessGone(*pid));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(s->warm_pool().ready, 0) << "a stopped pool stays empty";
+}
+
+TEST_F(SupervisorTest, WarmProcessesThatKeepDyingTurnThePoolOffAndLaunchesGoCold) {
+  options_.warm_pool_size = 1;
+  options_.max_restarts = 2;
+  options_.warm_dir = tmp_.path() + "/warm";
+  std::filesystem::create_directories(options_.warm_dir);
+  { std::ofstream(options_.warm_dir + "/die") << ""; }
+  auto s = Make();
+  ASSERT_TRUE(Eventually([&] { return s->warm_pool().disabled; }));
+  EXPECT_GE(s->warm_pool().died, 3u);
+  ReplicaKey key{"k1", 1};
+  Prepare(*s, key);
+  auto pid = Launch(*s, key, "sleep");
+  ASSERT_TRUE(pid.ok());
+  EXPECT_EQ(s->warm_pool().cold, 1u);
+  EXPECT_EQ(s->warm_pool().promoted, 0u);
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {
+    log = ReadFile(Dir(key) + "/replica.log");
+    return log.find("ids: k1 1") != std::string::npos;
+  }));
 }
 
 }  // namespace

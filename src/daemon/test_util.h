@@ -67,6 +67,13 @@ inline std::string WriteFakeNbos(const std::string& dir) {
   std::string path = dir + "/fake-nbos";
   std::ofstream out(path);
   out << R"(#!/bin/sh
+if [ "$2" = "--warm" ]; then
+  # A warm replica: dies at once when WARM_DIR/die exists, else records its promotion.
+  [ -e die ] && exit 1
+  read -r line || exit 0
+  printf '%s\n' "$line" > "promoted-$$.json"
+  exec sleep 1000
+fi
 echo "args: $*"
 echo "ids: $NBOS_KERNEL_ID $NBOS_REPLICA_ID $CUDA_DEVICE_ORDER $EXTRA"
 case "$FAKE_MODE" in

@@ -860,6 +860,15 @@ struct Gateway::Impl {
     }
     for (const auto& [id, view] : cluster.servers()) {
       auto s = servers.find(id);
+      Json warm = Json::object();
+      if (s != servers.end()) {
+        const control::WarmPool& w = s->second->status.warm_pool();
+        warm = Json{{"ready", w.ready()},
+                    {"target", w.target()},
+                    {"promoted", w.promoted()},
+                    {"cold", w.cold()},
+                    {"disabled", w.disabled()}};
+      }
       out["servers"].push_back(
           Json{{"server_id", id},
                {"address", s != servers.end() ? s->second->client->address() : ""},
@@ -873,7 +882,8 @@ struct Gateway::Impl {
                // The daemon's own ledger, as of its last heartbeat (authoritative for grants).
                {"daemon_gpus_committed",
                 s != servers.end() ? s->second->status.ledger().committed().gpus() : 0},
-               {"subscription_ratio", sched::HostSubscriptionRatio(view)}});
+               {"subscription_ratio", sched::HostSubscriptionRatio(view)},
+               {"warm_pool", warm}});
     }
     out["cluster_subscription_ratio"] = ratio.value();
     for (const auto& [id, k] : kernels) {
@@ -914,6 +924,14 @@ struct Gateway::Impl {
                             .Name("nbos_subscription_ratio")
                             .Help("Subscription ratio, per server and for the cluster")
                             .Register(registry);
+    auto& warm_gauge = prometheus::BuildGauge()
+                           .Name("nbos_warm_replicas")
+                           .Help("Pre-started replica processes per server, ready and target")
+                           .Register(registry);
+    auto& launches = prometheus::BuildCounter()
+                         .Name("nbos_replica_launches_total")
+                         .Help("Replica launches per server, from a warm process or cold")
+                         .Register(registry);
     auto& grants = prometheus::BuildCounter()
                        .Name("nbos_gpu_grants_total")
                        .Help("GPU grant requests by outcome")
@@ -931,6 +949,14 @@ struct Gateway::Impl {
         gpus.Add({{"server", id}, {"state", "idle"}}).Set(view.IdleGpus());
         gpus.Add({{"server", id}, {"state", "subscribed"}}).Set(view.subscribed.gpus);
         ratio_gauge.Add({{"server", id}}).Set(sched::HostSubscriptionRatio(view));
+        if (auto s = servers.find(id); s != servers.end()) {
+          const control::WarmPool& w = s->second->status.warm_pool();
+          warm_gauge.Add({{"server", id}, {"state", "ready"}}).Set(w.ready());
+          warm_gauge.Add({{"server", id}, {"state", "target"}}).Set(w.target());
+          launches.Add({{"server", id}, {"from", "warm"}})
+              .Increment(static_cast<double>(w.promoted()));
+          launches.Add({{"server", id}, {"from", "cold"}}).Increment(static_cast<double>(w.cold()));
+        }
       }
       ratio_gauge.Add({{"server", ""}}).Set(ratio.value());
       grants.Add({{"outcome", "granted"}}).Increment(static_cast<double>(grants_made));

@@ -96,10 +96,45 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
   });
 }
 
+// The interpreter Preload started, until Start adopts it.
+std::unique_ptr<py::scoped_interpreter> g_preloaded;
+
 struct PythonEngine::Impl {
-  py::scoped_interpreter interpreter{/*init_signal_handlers=*/true};
+  std::unique_ptr<py::scoped_interpreter> interpreter;
   py::object engine;
 };
+
+Status PythonEngine::Preload(const std::vector<std::string>& modules) {
+  assert(!g_preloaded && g_host == nullptr && "Preload once, before Start");
+  g_preloaded = std::make_unique<py::scoped_interpreter>(/*init_signal_handlers=*/true);
+  for (const std::string& name : modules) {
+    try {
+      py::module_::import(name.c_str());
+    } catch (py::error_already_set& e) {
+      return Internal("preloading " + name + " failed: " + PythonErrorText(e));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PythonEngine::ReplaceEnvironment(const std::vector<std::string>& env) {
+  assert(g_preloaded && "ReplaceEnvironment needs a preloaded interpreter");
+  try {
+    // os.environ's own clear/update call unsetenv/putenv, so the C environment follows.
+    py::dict entries;
+    for (const std::string& entry : env) {
+      size_t eq = entry.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      entries[py::str(entry.substr(0, eq))] = py::str(entry.substr(eq + 1));
+    }
+    py::object environ = py::module_::import("os").attr("environ");
+    environ.attr("clear")();
+    environ.attr("update")(entries);
+    return Status::Ok();
+  } catch (py::error_already_set& e) {
+    return Internal("setting the environment failed: " + PythonErrorText(e));
+  }
+}
 
 PythonEngine::PythonEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -112,6 +147,9 @@ Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std:
                                                           std::string connection_file) {
   assert(g_host == nullptr && "one PythonEngine per process");
   auto impl = std::make_unique<Impl>();
+  impl->interpreter = g_preloaded
+                          ? std::move(g_preloaded)
+                          : std::make_unique<py::scoped_interpreter>(/*init_signal_handlers=*/true);
   g_host = host;
   try {
     py::module_ module = LoadModule("nbos_engine", kNbosEngineSource);

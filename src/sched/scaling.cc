@@ -17,16 +17,16 @@ int64_t HostsFor(int64_t load_gpus, double factor, int32_t gpus_per_host) {
   return (load_gpus * per_mille + denominator - 1) / denominator;
 }
 
-}  // namespace
-
-ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
-                              const ScalingOptions& options) {
+// The decision over server pointers, so that the ClusterState overload (called every scaling
+// interval by the simulator) does not copy every ServerView.
+ScalingDecision Decide(const std::vector<const ServerView*>& servers,
+                       const ScalingOptions& options) {
   assert(options.gpus_per_host > 0 && options.min_hosts >= 0 && options.buffer_hosts >= 0);
   int64_t load = 0;
   int64_t size = 0;
-  for (const ServerView& s : servers) {
-    load += s.committed.gpus;
-    if (s.accepting) ++size;
+  for (const ServerView* s : servers) {
+    load += s->committed.gpus;
+    if (s->accepting) ++size;
   }
   const int64_t floor_hosts = int64_t{options.min_hosts} + options.buffer_hosts;
   int64_t target =
@@ -50,8 +50,8 @@ ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
   if (surplus <= 0) return decision;
 
   std::vector<const ServerView*> idle;
-  for (const ServerView& s : servers) {
-    if (s.accepting && s.committed.gpus == 0) idle.push_back(&s);
+  for (const ServerView* s : servers) {
+    if (s->accepting && s->committed.gpus == 0) idle.push_back(s);
   }
   std::sort(idle.begin(), idle.end(), [](const ServerView* a, const ServerView* b) {
     return std::tie(a->subscribed.gpus, a->subscribed.millicpus, a->server_id) <
@@ -63,11 +63,21 @@ ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
   return decision;
 }
 
+}  // namespace
+
+ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
+                              const ScalingOptions& options) {
+  std::vector<const ServerView*> pointers;
+  pointers.reserve(servers.size());
+  for (const ServerView& s : servers) pointers.push_back(&s);
+  return Decide(pointers, options);
+}
+
 ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options) {
-  std::vector<ServerView> servers;
-  servers.reserve(cluster.servers().size());
-  for (const auto& [id, s] : cluster.servers()) servers.push_back(s);
-  return DecideScaling(servers, options);
+  std::vector<const ServerView*> pointers;
+  pointers.reserve(cluster.servers().size());
+  for (const auto& [id, s] : cluster.servers()) pointers.push_back(&s);
+  return Decide(pointers, options);
 }
 
 }  // namespace nbos::sched

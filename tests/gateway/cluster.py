@@ -71,7 +71,8 @@ class Cluster:
         return model["id"]
 
     def nbos_processes(self):
-        """Processes whose command line is this cluster's (by its state directory)."""
+        """Processes of this cluster: its state directory is in their command line or is (or
+        holds) their working directory (warm replica processes)."""
         out = []
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -79,9 +80,10 @@ class Cluster:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 continue
-            if self.state_dir in cmd:
+            if self.state_dir in cmd or cwd.startswith(self.state_dir):
                 out.append((int(pid), cmd))
         return out
 

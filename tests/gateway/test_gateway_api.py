@@ -170,3 +170,45 @@ def test_gateway_restart_keeps_kernels(cluster):
         ks.close()
     finally:
         cluster.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
+def test_kernels_start_from_warm_replica_processes(cluster):
+    def warm_pools():
+        return {s["server_id"]: s["warm_pool"] for s in cluster.get("/api/nbos/cluster")["servers"]}
+
+    def all_filled():
+        pools = warm_pools()
+        return len(pools) == cluster.hosts and all(w["ready"] == w["target"] > 0
+                                                   for w in pools.values())
+
+    deadline = time.time() + 60
+    while not all_filled():
+        assert time.time() < deadline, f"warm pools never filled: {warm_pools()}"
+        time.sleep(0.2)
+    before = warm_pools()
+    kernel_id = cluster.start_kernel({"KERNEL_MARK": "warm"})
+    try:
+        after = warm_pools()
+        view = cluster.get("/api/nbos/cluster")
+        kernel = next(k for k in view["kernels"] if k["id"] == kernel_id)
+        for r in kernel["replicas"]:
+            server = r["server_id"]
+            assert after[server]["promoted"] == before[server]["promoted"] + 1, (server, after)
+            assert after[server]["cold"] == before[server]["cold"], (server, after)
+        ks = KernelSocket(cluster.url, kernel_id, cluster.token)
+        for target in (1, 2, 3):
+            reply, iopub = ks.execute(
+                "import os\nprint(os.environ['NBOS_KERNEL_ID'], os.environ['NBOS_REPLICA_ID'],"
+                " os.environ.get('KERNEL_MARK'), os.path.basename(os.getcwd()))",
+                metadata={"nbos": {"target_replica": target}})
+            assert reply["content"]["status"] == "ok"
+            text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+            assert text == f"{kernel_id} {target} warm {kernel_id}-{target}\n"
+        ks.close()
+        deadline = time.time() + 60
+        while not all(w["ready"] == w["target"] for w in warm_pools().values()):
+            assert time.time() < deadline, f"warm pools were not topped up: {warm_pools()}"
+            time.sleep(0.2)
+    finally:
+        cluster.request("DELETE", f"/api/kernels/{kernel_id}")
+    assert "nbos_replica_launches_total{" in urllib_get(cluster, "/metrics")

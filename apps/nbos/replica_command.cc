@@ -1,0 +1,206 @@
+#include "replica_command.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "jupyter/connection_file.h"
+#include "replica/kernel_server.h"
+#include "replica/python_engine.h"
+#include "replica/replica_gate.h"
+
+namespace nbos::app {
+namespace {
+
+struct ReplicaArgs {
+  std::string connection_file;
+  std::string log_level = "warn";
+  replica::ReplicaOptions options;
+  std::vector<std::string> peer_specs;
+};
+
+// The replica's options, on `cmd` (the subcommand, or the parser of a warm promotion).
+void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
+  cmd.add_option("-f,--connection-file", a.connection_file,
+                 "Jupyter connection file this replica binds");
+  cmd.add_option("--id", a.options.replica_id, "Replica id (positive)");
+  cmd.add_option("--raft", a.options.raft_address,
+                 "IPv4:port of this replica's Raft endpoint (port + 1 serves proposals)");
+  cmd.add_option("--peer", a.peer_specs,
+                 "ID=IPv4:port of each initial member, this one included; none to join an "
+                 "existing group");
+  cmd.add_option("--data-dir", a.options.data_dir, "Raft log directory");
+  cmd.add_option("--blob-store", a.options.blob_store_url, "dir:///path or redis://host:port/db");
+  cmd.add_option("--checkpoint-every", a.options.checkpoint_every,
+                 "Journal records (deltas, side effects) between namespace checkpoints")
+      ->capture_default_str();
+  cmd.add_option("--snapshot-threshold", a.options.snapshot_threshold,
+                 "Raft entries between log snapshots")
+      ->capture_default_str();
+  cmd.add_option("--log-level", a.log_level, "trace, debug, info, warn, error, off")
+      ->capture_default_str();
+}
+
+// The kernel server's options from the connection file; nullopt (reported) if unreadable.
+std::optional<replica::KernelOptions> KernelOptionsFrom(const std::string& connection_file,
+                                                        const std::string& version,
+                                                        const std::string& log_level,
+                                                        const char* command) {
+  auto info = jupyter::ReadConnectionFile(connection_file);
+  if (!info.ok()) {
+    std::cerr << "nbos " << command << ": " << info.status().message() << "\n";
+    return std::nullopt;
+  }
+  replica::KernelOptions options;
+  options.connection = *info;
+  options.connection_file = std::filesystem::absolute(connection_file).string();
+  options.version = version;
+  options.log_level = log_level;
+  return options;
+}
+
+int RunReplica(ReplicaArgs& a, const std::string& version) {
+  std::string missing;
+  if (a.connection_file.empty()) missing += " --connection-file";
+  if (a.options.replica_id == 0) missing += " --id";
+  if (a.options.raft_address.empty()) missing += " --raft";
+  if (a.options.data_dir.empty()) missing += " --data-dir";
+  if (a.options.blob_store_url.empty()) missing += " --blob-store";
+  if (!missing.empty()) {
+    std::cerr << "nbos replica: missing" << missing << "\n";
+    return 2;
+  }
+  auto options = KernelOptionsFrom(a.connection_file, version, a.log_level, "replica");
+  if (!options) return 2;
+  for (const std::string& peer : a.peer_specs) {
+    size_t eq = peer.find('=');
+    uint64_t id = 0;
+    if (eq != std::string::npos) id = std::strtoull(peer.substr(0, eq).c_str(), nullptr, 10);
+    if (id == 0 || eq + 1 >= peer.size()) {
+      std::cerr << "nbos replica: --peer wants ID=IPv4:port, got '" << peer << "'\n";
+      return 2;
+    }
+    a.options.peers.push_back({id, peer.substr(eq + 1)});
+  }
+  // The gate's threads must not take SIGINT (it interrupts the cell on the main thread).
+  sigset_t sigint;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigint, nullptr);
+  auto gate = replica::ReplicaGate::Start(a.options);
+  if (!gate.ok()) {
+    std::cerr << "nbos replica: " << gate.status().ToString() << "\n";
+    return 1;
+  }
+  options->gate = gate->get();
+  replica::RunKernel(*options);  // does not return
+  return 0;
+}
+
+// A warm replica: Python first, then the promotion from stdin, then RunReplica.
+int RunWarm(const std::vector<std::string>& preload, const std::string& version) {
+  if (Status s = replica::PythonEngine::Preload(preload); !s.ok()) {
+    std::cerr << "nbos replica --warm: " << s.message() << "\n";
+    return 1;
+  }
+  std::string line;
+  if (!std::getline(std::cin, line)) return 0;  // the pool was shut down
+  nlohmann::json promotion = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!promotion.is_object() || !promotion.value("argv", nlohmann::json()).is_array() ||
+      !promotion.value("env", nlohmann::json()).is_array() ||
+      !promotion.value("cwd", nlohmann::json()).is_string() ||
+      !promotion.value("log", nlohmann::json()).is_string()) {
+    std::cerr << "nbos replica --warm: a promotion is {argv, env, cwd, log}, got: " << line << "\n";
+    return 2;
+  }
+  const std::string log = promotion["log"];
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::cerr << "nbos replica --warm: cannot open " << log << ": " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  std::fflush(nullptr);
+  dup2(fd, STDOUT_FILENO);
+  dup2(fd, STDERR_FILENO);
+  close(fd);
+  const std::string cwd = promotion["cwd"];
+  if (chdir(cwd.c_str()) != 0) {
+    std::cerr << "nbos replica --warm: cannot enter " << cwd << ": " << std::strerror(errno)
+              << "\n";
+    return 1;
+  }
+  std::vector<std::string> env;
+  for (const auto& e : promotion["env"])
+    if (e.is_string()) env.push_back(e.get<std::string>());
+  if (Status s = replica::PythonEngine::ReplaceEnvironment(env); !s.ok()) {
+    std::cerr << "nbos replica --warm: " << s.message() << "\n";
+    return 1;
+  }
+  ReplicaArgs a;
+  CLI::App parser{"nbos replica (promoted)"};
+  AddReplicaOptions(parser, a);
+  std::vector<std::string> argv;
+  for (const auto& e : promotion["argv"])
+    if (e.is_string()) argv.push_back(e.get<std::string>());
+  std::reverse(argv.begin(), argv.end());  // CLI11 takes a vector last argument first
+  try {
+    parser.parse(argv);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nbos replica --warm: bad promotion arguments: " << e.what() << "\n";
+    return 2;
+  }
+  return RunReplica(a, version);
+}
+
+}  // namespace
+
+std::function<int()> AddReplicaCommands(CLI::App& app, std::string version) {
+  auto kernel_args = std::make_shared<ReplicaArgs>();
+  auto* kernel = app.add_subcommand("kernel", "Run a standalone Jupyter kernel over ZeroMQ");
+  kernel
+      ->add_option("-f,--connection-file", kernel_args->connection_file, "Jupyter connection file")
+      ->required();
+  kernel->add_option("--log-level", kernel_args->log_level, "trace, debug, info, warn, error, off")
+      ->capture_default_str();
+
+  auto replica_args = std::make_shared<ReplicaArgs>();
+  auto warm = std::make_shared<bool>(false);
+  auto preload = std::make_shared<std::vector<std::string>>();
+  auto* replica = app.add_subcommand(
+      "replica", "Run one replica of a distributed kernel (started by a daemon or a test driver)");
+  AddReplicaOptions(*replica, *replica_args);
+  replica->add_flag("--warm", *warm,
+                    "Pre-start: load Python, then take the options from one JSON line on stdin");
+  replica->add_option("--preload", *preload, "With --warm: Python modules to import ahead");
+
+  return [=]() -> int {
+    if (*kernel) {
+      auto options = KernelOptionsFrom(kernel_args->connection_file, version,
+                                       kernel_args->log_level, "kernel");
+      if (!options) return 2;
+      replica::RunKernel(*options);  // does not return
+    }
+    if (*replica) {
+      if (*warm) {
+        std::vector<std::string> modules = {"IPython.core.interactiveshell", "cloudpickle"};
+        modules.insert(modules.end(), preload->begin(), preload->end());
+        return RunWarm(modules, version);
+      }
+      return RunReplica(*replica_args, version);
+    }
+    return -1;
+  };
+}
+
+}  // namespace nbos::app

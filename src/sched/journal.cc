@@ -1,0 +1,376 @@
+#include "sched/journal.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+namespace nbos::sched {
+
+namespace {
+
+using nlohmann::json;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+constexpr std::string_view kCodeNames[] = {"ok",        "invalid_argument",   "unauthenticated",
+                                           "not_found", "resource_exhausted", "unavailable",
+                                           "internal"};
+
+json Enc(const Resources& r) {
+  return {{"millicpus", r.millicpus},
+          {"memory_mb", r.memory_mb},
+          {"gpus", r.gpus},
+          {"vram_mb", r.vram_mb}};
+}
+
+json Enc(const ServerView& s) {
+  return {{"server_id", s.server_id},
+          {"spec", Enc(s.spec)},
+          {"subscribed", Enc(s.subscribed)},
+          {"committed", Enc(s.committed)},
+          {"accepting", s.accepting}};
+}
+
+json Enc(const KernelView& k) {
+  json replicas = json::array();
+  for (const ReplicaView& r : k.replicas) {
+    replicas.push_back({{"replica_id", r.replica_id}, {"server_id", r.server_id}});
+  }
+  return {{"kernel_id", k.kernel_id},
+          {"request", Enc(k.request)},
+          {"replicas", std::move(replicas)},
+          {"last_executor", k.last_executor}};
+}
+
+json Enc(const ScalingOptions& o) {
+  return {{"scaling_factor", o.scaling_factor}, {"scaling_limit", o.scaling_limit},
+          {"buffer_hosts", o.buffer_hosts},     {"min_hosts", o.min_hosts},
+          {"max_hosts", o.max_hosts},           {"max_release_per_round", o.max_release_per_round},
+          {"gpus_per_host", o.gpus_per_host}};
+}
+
+json Enc(const Status& s) {
+  return {{"code", kCodeNames[static_cast<int>(s.code())]}, {"message", s.message()}};
+}
+
+json EncEvent(const SchedulerEvent& event) {
+  return std::visit(
+      Overloaded{
+          [](const ServerJoined& e) {
+            return json{{"server", Enc(e.server)}};
+          },
+          [](const ServerUpdated& e) {
+            return json{{"server", Enc(e.server)}};
+          },
+          [](const ServerLeft& e) {
+            return json{{"server_id", e.server_id}};
+          },
+          [](const ServerAcceptingChanged& e) {
+            return json{{"server_id", e.server_id}, {"accepting", e.accepting}};
+          },
+          [](const PlacementRequested& e) {
+            return json{
+                {"kernel_id", e.kernel_id},         {"request", Enc(e.request)},
+                {"replicas", e.replicas},           {"excluded_servers", e.excluded_servers},
+                {"can_scale_out", e.can_scale_out}, {"require_idle_gpus", e.require_idle_gpus}};
+          },
+          [](const KernelPlaced& e) {
+            return json{{"kernel", Enc(e.kernel)}};
+          },
+          [](const KernelRemoved& e) {
+            return json{{"kernel_id", e.kernel_id}};
+          },
+          [](const ReplicaAdded& e) {
+            return json{{"kernel_id", e.kernel_id},
+                        {"replica_id", e.replica_id},
+                        {"server_id", e.server_id}};
+          },
+          [](const ReplicaRemoved& e) {
+            return json{{"kernel_id", e.kernel_id}, {"replica_id", e.replica_id}};
+          },
+          [](const ExecutorRequested& e) {
+            json j{{"kernel_id", e.kernel_id},
+                   {"gpus", e.gpus},
+                   {"excluded_replicas", e.excluded_replicas},
+                   {"warm_servers", e.warm_servers}};
+            j["target_replica"] = e.target_replica ? json(*e.target_replica) : json(nullptr);
+            return j;
+          },
+          [](const GrantCommitted& e) {
+            return json{{"kernel_id", e.kernel_id},
+                        {"replica_id", e.replica_id},
+                        {"server_id", e.server_id},
+                        {"resources", Enc(e.resources)}};
+          },
+          [](const GrantReleased& e) {
+            return json{{"kernel_id", e.kernel_id},
+                        {"replica_id", e.replica_id},
+                        {"server_id", e.server_id},
+                        {"resources", Enc(e.resources)}};
+          },
+          [](const Tick&) { return json::object(); },
+      },
+      event);
+}
+
+json EncDecision(const SchedulerDecision& decision) {
+  return std::visit(Overloaded{
+                        [](const std::monostate&) { return json(nullptr); },
+                        [](const Placement& p) {
+                          return json{{"server_ids", p.server_ids},
+                                      {"ratio_ignored", p.ratio_ignored},
+                                      {"scale_out_needed", p.scale_out_needed},
+                                      {"hosts_needed", p.hosts_needed},
+                                      {"reason", p.reason}};
+                        },
+                        [](const ExecutorDecision& d) {
+                          json j{{"candidates", d.choice.candidates},
+                                 {"target_honoured", d.choice.target_honoured},
+                                 {"note", d.choice.note}};
+                          if (d.migration) {
+                            const MigrationPlan& m = *d.migration;
+                            j["migration"] = {{"replica_id", m.replica_id},
+                                              {"from_server_id", m.from_server_id},
+                                              {"to_server_id", m.to_server_id},
+                                              {"target_warm", m.target_warm},
+                                              {"scale_out_needed", m.scale_out_needed},
+                                              {"reason", m.reason}};
+                          } else {
+                            j["migration"] = nullptr;
+                          }
+                          return j;
+                        },
+                        [](const TickDecision& t) {
+                          return json{{"cluster_ratio", t.cluster_ratio},
+                                      {"demand_gpus", t.demand_gpus},
+                                      {"busy_gpus", t.busy_gpus},
+                                      {"scaling_evaluated", t.scaling_evaluated},
+                                      {"add_hosts", t.scaling.add_hosts},
+                                      {"release_server_ids", t.scaling.release_server_ids},
+                                      {"reason", t.scaling.reason}};
+                        },
+                    },
+                    decision);
+}
+
+json EncOutcome(const SchedulerOutcome& outcome) {
+  return {{"status", Enc(outcome.status)}, {"decision", EncDecision(outcome.decision)}};
+}
+
+// ---- Decoding: throws nlohmann::json exceptions on malformed input; caught at the edge below.
+
+Resources DecResources(const json& j) {
+  return Resources{j.at("millicpus").get<int64_t>(), j.at("memory_mb").get<int64_t>(),
+                   j.at("gpus").get<int32_t>(), j.at("vram_mb").get<int64_t>()};
+}
+
+ServerView DecServer(const json& j) {
+  ServerView s;
+  s.server_id = j.at("server_id").get<std::string>();
+  s.spec = DecResources(j.at("spec"));
+  s.subscribed = DecResources(j.at("subscribed"));
+  s.committed = DecResources(j.at("committed"));
+  s.accepting = j.at("accepting").get<bool>();
+  return s;
+}
+
+KernelView DecKernel(const json& j) {
+  KernelView k;
+  k.kernel_id = j.at("kernel_id").get<std::string>();
+  k.request = DecResources(j.at("request"));
+  for (const json& r : j.at("replicas")) {
+    k.replicas.push_back(
+        {k.kernel_id, r.at("replica_id").get<uint32_t>(), r.at("server_id").get<std::string>()});
+  }
+  k.last_executor = j.at("last_executor").get<uint32_t>();
+  return k;
+}
+
+std::set<std::string, std::less<>> DecStringSet(const json& j) {
+  std::set<std::string, std::less<>> out;
+  for (const json& s : j) out.insert(s.get<std::string>());
+  return out;
+}
+
+Result<SchedulerEvent> DecEvent(std::string_view name, const json& j) {
+  if (name == "server_joined") return SchedulerEvent{ServerJoined{DecServer(j.at("server"))}};
+  if (name == "server_updated") return SchedulerEvent{ServerUpdated{DecServer(j.at("server"))}};
+  if (name == "server_left") {
+    return SchedulerEvent{ServerLeft{j.at("server_id").get<std::string>()}};
+  }
+  if (name == "server_accepting") {
+    return SchedulerEvent{ServerAcceptingChanged{j.at("server_id").get<std::string>(),
+                                                 j.at("accepting").get<bool>()}};
+  }
+  if (name == "placement") {
+    PlacementRequested e;
+    e.kernel_id = j.at("kernel_id").get<std::string>();
+    e.request = DecResources(j.at("request"));
+    e.replicas = j.at("replicas").get<int32_t>();
+    e.excluded_servers = DecStringSet(j.at("excluded_servers"));
+    e.can_scale_out = j.at("can_scale_out").get<bool>();
+    e.require_idle_gpus = j.at("require_idle_gpus").get<bool>();
+    return SchedulerEvent{std::move(e)};
+  }
+  if (name == "kernel_placed") return SchedulerEvent{KernelPlaced{DecKernel(j.at("kernel"))}};
+  if (name == "kernel_removed") {
+    return SchedulerEvent{KernelRemoved{j.at("kernel_id").get<std::string>()}};
+  }
+  if (name == "replica_added") {
+    return SchedulerEvent{ReplicaAdded{j.at("kernel_id").get<std::string>(),
+                                       j.at("replica_id").get<uint32_t>(),
+                                       j.at("server_id").get<std::string>()}};
+  }
+  if (name == "replica_removed") {
+    return SchedulerEvent{
+        ReplicaRemoved{j.at("kernel_id").get<std::string>(), j.at("replica_id").get<uint32_t>()}};
+  }
+  if (name == "executor") {
+    ExecutorRequested e;
+    e.kernel_id = j.at("kernel_id").get<std::string>();
+    e.gpus = j.at("gpus").get<int32_t>();
+    for (const json& r : j.at("excluded_replicas")) e.excluded_replicas.insert(r.get<uint32_t>());
+    if (!j.at("target_replica").is_null()) e.target_replica = j["target_replica"].get<uint32_t>();
+    e.warm_servers = DecStringSet(j.at("warm_servers"));
+    return SchedulerEvent{std::move(e)};
+  }
+  if (name == "grant_committed" || name == "grant_released") {
+    std::string kernel_id = j.at("kernel_id").get<std::string>();
+    const auto replica_id = j.at("replica_id").get<uint32_t>();
+    std::string server_id = j.at("server_id").get<std::string>();
+    const Resources resources = DecResources(j.at("resources"));
+    if (name == "grant_committed") {
+      return SchedulerEvent{
+          GrantCommitted{std::move(kernel_id), replica_id, std::move(server_id), resources}};
+    }
+    return SchedulerEvent{
+        GrantReleased{std::move(kernel_id), replica_id, std::move(server_id), resources}};
+  }
+  if (name == "tick") return SchedulerEvent{Tick{}};
+  return InvalidArgument("unknown event '" + std::string(name) + "'");
+}
+
+}  // namespace
+
+std::string EncodeJournalHeader(const SchedulerOptions& options) {
+  json j{{"journal", "nbos-sched"},
+         {"version", kJournalVersion},
+         {"options",
+          {{"max_subscription_ratio", options.max_subscription_ratio},
+           {"ratio_window", options.ratio_window},
+           {"auto_scaling", options.auto_scaling},
+           {"scaling", Enc(options.scaling)}}}};
+  return j.dump();
+}
+
+Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
+  try {
+    const json j = json::parse(line);
+    if (!j.is_object() || j.value("journal", "") != "nbos-sched") {
+      return InvalidArgument("not an nbos-sched journal header");
+    }
+    if (j.at("version").get<int>() != kJournalVersion) {
+      return InvalidArgument("unsupported journal version " + j.at("version").dump());
+    }
+    const json& o = j.at("options");
+    SchedulerOptions options;
+    options.max_subscription_ratio = o.at("max_subscription_ratio").get<double>();
+    options.ratio_window = o.at("ratio_window").get<int32_t>();
+    options.auto_scaling = o.at("auto_scaling").get<bool>();
+    const json& s = o.at("scaling");
+    options.scaling.scaling_factor = s.at("scaling_factor").get<double>();
+    options.scaling.scaling_limit = s.at("scaling_limit").get<double>();
+    options.scaling.buffer_hosts = s.at("buffer_hosts").get<int32_t>();
+    options.scaling.min_hosts = s.at("min_hosts").get<int32_t>();
+    options.scaling.max_hosts = s.at("max_hosts").get<int32_t>();
+    options.scaling.max_release_per_round = s.at("max_release_per_round").get<int32_t>();
+    options.scaling.gpus_per_host = s.at("gpus_per_host").get<int32_t>();
+    if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
+        options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||
+        options.scaling.buffer_hosts < 0) {
+      return InvalidArgument("journal header has invalid scheduler options");
+    }
+    return options;
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("malformed journal header: ") + e.what());
+  }
+}
+
+std::string EncodeOutcome(const SchedulerOutcome& outcome) { return EncOutcome(outcome).dump(); }
+
+std::string EncodeJournalRecord(int64_t seq, int64_t now_ms, const SchedulerEvent& event,
+                                const SchedulerOutcome& outcome) {
+  json j{{"seq", seq},
+         {"t_ms", now_ms},
+         {"event", EventName(event)},
+         {"input", EncEvent(event)},
+         {"outcome", EncOutcome(outcome)}};
+  return j.dump();
+}
+
+Result<JournalRecord> DecodeJournalRecord(std::string_view line) {
+  try {
+    const json j = json::parse(line);
+    JournalRecord record;
+    record.seq = j.at("seq").get<int64_t>();
+    record.now_ms = j.at("t_ms").get<int64_t>();
+    Result<SchedulerEvent> event = DecEvent(j.at("event").get<std::string>(), j.at("input"));
+    if (!event.ok()) return event.status();
+    record.event = std::move(event).value();
+    record.outcome_json = j.at("outcome").dump();
+    return record;
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("malformed journal record: ") + e.what());
+  }
+}
+
+JournalWriter::JournalWriter(std::ostream& out, const SchedulerOptions& options) : out_(out) {
+  out_ << EncodeJournalHeader(options) << '\n';
+}
+
+void JournalWriter::OnEvent(int64_t now_ms, const SchedulerEvent& event,
+                            const SchedulerOutcome& outcome) {
+  out_ << EncodeJournalRecord(++seq_, now_ms, event, outcome) << '\n';
+}
+
+Result<ReplayReport> ReplayJournal(std::istream& in) {
+  std::string line;
+  if (!std::getline(in, line)) return InvalidArgument("empty journal");
+  Result<SchedulerOptions> options = DecodeJournalHeader(line);
+  if (!options.ok()) return options.status();
+  Scheduler scheduler(*options);
+  ReplayReport report;
+  int64_t line_number = 1;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.empty()) continue;
+    Result<JournalRecord> record = DecodeJournalRecord(line);
+    if (!record.ok()) {
+      return InvalidArgument("line " + std::to_string(line_number) + ": " +
+                             record.status().message());
+    }
+    if (record->now_ms < scheduler.last_event_ms()) {
+      return InvalidArgument("line " + std::to_string(line_number) + ": time goes backwards");
+    }
+    ++report.records;
+    const std::string derived = EncodeOutcome(scheduler.Apply(record->now_ms, record->event));
+    if (derived != record->outcome_json) {
+      report.matched = false;
+      report.mismatch_seq = record->seq;
+      report.mismatch = "record seq " + std::to_string(record->seq) + " (line " +
+                        std::to_string(line_number) + ", event " +
+                        std::string(EventName(record->event)) + " at t_ms " +
+                        std::to_string(record->now_ms) + "): journal says " + record->outcome_json +
+                        " but the scheduler derives " + derived;
+      return report;
+    }
+  }
+  return report;
+}
+
+}  // namespace nbos::sched

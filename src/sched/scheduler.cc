@@ -1,0 +1,197 @@
+#include "sched/scheduler.h"
+
+#include <cassert>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+namespace nbos::sched {
+
+namespace {
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+}  // namespace
+
+std::string_view EventName(const SchedulerEvent& event) {
+  static constexpr std::string_view kNames[] = {
+      "server_joined",   "server_updated", "server_left",   "server_accepting", "placement",
+      "kernel_placed",   "kernel_removed", "replica_added", "replica_removed",  "executor",
+      "grant_committed", "grant_released", "tick"};
+  static_assert(std::size(kNames) == std::variant_size_v<SchedulerEvent>);
+  return kNames[event.index()];
+}
+
+Scheduler::Scheduler(SchedulerOptions options)
+    : options_(std::move(options)),
+      ratio_(options_.max_subscription_ratio, static_cast<size_t>(options_.ratio_window)) {
+  assert(options_.max_subscription_ratio > 0 && options_.ratio_window > 0);
+  assert(options_.scaling.gpus_per_host > 0);
+}
+
+SchedulerOutcome Scheduler::Apply(int64_t now_ms, const SchedulerEvent& event) {
+  assert(now_ms >= last_event_ms_ && "time must not go backwards");
+  last_event_ms_ = now_ms;
+  SchedulerOutcome outcome = Handle(event);
+  if (observer_ != nullptr) observer_->OnEvent(now_ms, event, outcome);
+  return outcome;
+}
+
+SchedulerOutcome Scheduler::Handle(const SchedulerEvent& event) {
+  auto status_only = [](Status s) { return SchedulerOutcome{std::move(s), std::monostate{}}; };
+  auto from_result = [](auto result) {
+    if (!result.ok()) return SchedulerOutcome{result.status(), std::monostate{}};
+    return SchedulerOutcome{Status::Ok(), std::move(result).value()};
+  };
+  return std::visit(
+      Overloaded{
+          [&](const ServerJoined& e) { return status_only(cluster_.AddServer(e.server)); },
+          [&](const ServerUpdated& e) { return status_only(cluster_.UpdateServer(e.server)); },
+          [&](const ServerLeft& e) { return status_only(cluster_.RemoveServer(e.server_id)); },
+          [&](const ServerAcceptingChanged& e) {
+            return status_only(cluster_.SetAccepting(e.server_id, e.accepting));
+          },
+          [&](const PlacementRequested& e) { return from_result(Place(e)); },
+          [&](const KernelPlaced& e) { return status_only(cluster_.AddKernel(e.kernel)); },
+          [&](const KernelRemoved& e) { return status_only(cluster_.RemoveKernel(e.kernel_id)); },
+          [&](const ReplicaAdded& e) {
+            return status_only(cluster_.AddReplica(e.kernel_id, e.replica_id, e.server_id));
+          },
+          [&](const ReplicaRemoved& e) {
+            return status_only(cluster_.RemoveReplica(e.kernel_id, e.replica_id));
+          },
+          [&](const ExecutorRequested& e) { return from_result(Execute(e)); },
+          [&](const GrantCommitted& e) {
+            // Validate the replica before committing so that a rejected grant changes nothing.
+            const KernelView* kernel = nullptr;
+            if (e.replica_id != 0) {
+              kernel = cluster_.FindKernel(e.kernel_id);
+              if (kernel == nullptr)
+                return status_only(NotFound("no kernel '" + e.kernel_id + "'"));
+              const ReplicaView* r = kernel->FindReplica(e.replica_id);
+              if (r == nullptr || r->server_id != e.server_id) {
+                return status_only(InvalidArgument("kernel '" + e.kernel_id + "' has no replica " +
+                                                   std::to_string(e.replica_id) + " on server '" +
+                                                   e.server_id + "'"));
+              }
+            }
+            if (Status s = cluster_.Commit(e.server_id, e.resources); !s.ok()) {
+              return status_only(std::move(s));
+            }
+            if (kernel != nullptr) {
+              Status s = cluster_.SetLastExecutor(e.kernel_id, e.replica_id);
+              assert(s.ok());
+              (void)s;
+            }
+            return status_only(Status::Ok());
+          },
+          [&](const GrantReleased& e) {
+            return status_only(cluster_.Release(e.server_id, e.resources));
+          },
+          [&](const Tick&) {
+            return SchedulerOutcome{Status::Ok(), DoTick()};
+          },
+      },
+      event);
+}
+
+Result<Placement> Scheduler::Place(const PlacementRequested& request) const {
+  PlacementOptions options;
+  options.replicas = request.replicas;
+  options.excluded_servers = request.excluded_servers;
+  options.ignore_ratio_if_no_scale_out = !request.can_scale_out;
+  if (request.require_idle_gpus) {
+    // Binding at placement: the GPUs must be idle now, which already bounds what a server holds,
+    // so the oversubscription ceiling has nothing to add.
+    options.cluster_ratio = std::numeric_limits<double>::infinity();
+    for (const auto& [id, server] : cluster_.servers()) {
+      if (server.IdleGpus() < request.request.gpus) options.excluded_servers.insert(id);
+    }
+  } else {
+    options.cluster_ratio = ratio_.value();
+  }
+  return PlaceKernel(cluster_, request.request, options);
+}
+
+Result<ExecutorDecision> Scheduler::Execute(const ExecutorRequested& request) const {
+  const KernelView* kernel = cluster_.FindKernel(request.kernel_id);
+  if (kernel == nullptr) return NotFound("no kernel '" + request.kernel_id + "'");
+  const int32_t gpus = request.gpus < 0 ? kernel->request.gpus : request.gpus;
+  ExecutorDecision decision;
+  decision.choice =
+      ChooseExecutor(cluster_, *kernel, gpus, request.excluded_replicas, request.target_replica);
+  if (decision.choice.candidates.empty() && gpus > 0) {
+    Result<MigrationPlan> plan =
+        ChooseMigration(cluster_, *kernel, gpus, request.warm_servers, request.excluded_replicas);
+    if (!plan.ok()) return plan.status();
+    decision.migration = std::move(plan).value();
+  }
+  return decision;
+}
+
+TickDecision Scheduler::DoTick() {
+  ratio_.AddSample(cluster_);
+  TickDecision tick;
+  tick.cluster_ratio = ratio_.value();
+  tick.demand_gpus = cluster_.DemandGpus();
+  tick.busy_gpus = cluster_.TotalCommitted().gpus;
+  if (options_.auto_scaling && ratio_.window_full()) {
+    tick.scaling_evaluated = true;
+    tick.scaling = DecideScaling(cluster_, options_.scaling);
+  }
+  return tick;
+}
+
+// ---- Typed conveniences -----------------------------------------------------------------------
+
+Status Scheduler::OnServerJoined(int64_t now_ms, ServerView server) {
+  return Apply(now_ms, ServerJoined{std::move(server)}).status;
+}
+Status Scheduler::OnServerUpdated(int64_t now_ms, ServerView server) {
+  return Apply(now_ms, ServerUpdated{std::move(server)}).status;
+}
+Status Scheduler::OnServerLeft(int64_t now_ms, std::string server_id) {
+  return Apply(now_ms, ServerLeft{std::move(server_id)}).status;
+}
+Status Scheduler::OnServerAccepting(int64_t now_ms, std::string server_id, bool accepting) {
+  return Apply(now_ms, ServerAcceptingChanged{std::move(server_id), accepting}).status;
+}
+Result<Placement> Scheduler::RequestPlacement(int64_t now_ms, PlacementRequested request) {
+  SchedulerOutcome out = Apply(now_ms, std::move(request));
+  if (!out.status.ok()) return out.status;
+  return std::get<Placement>(std::move(out.decision));
+}
+Status Scheduler::OnKernelPlaced(int64_t now_ms, KernelView kernel) {
+  return Apply(now_ms, KernelPlaced{std::move(kernel)}).status;
+}
+Status Scheduler::OnKernelRemoved(int64_t now_ms, std::string kernel_id) {
+  return Apply(now_ms, KernelRemoved{std::move(kernel_id)}).status;
+}
+Status Scheduler::OnReplicaAdded(int64_t now_ms, std::string kernel_id, uint32_t replica_id,
+                                 std::string server_id) {
+  return Apply(now_ms, ReplicaAdded{std::move(kernel_id), replica_id, std::move(server_id)}).status;
+}
+Status Scheduler::OnReplicaRemoved(int64_t now_ms, std::string kernel_id, uint32_t replica_id) {
+  return Apply(now_ms, ReplicaRemoved{std::move(kernel_id), replica_id}).status;
+}
+Result<ExecutorDecision> Scheduler::RequestExecutor(int64_t now_ms, ExecutorRequested request) {
+  SchedulerOutcome out = Apply(now_ms, std::move(request));
+  if (!out.status.ok()) return out.status;
+  return std::get<ExecutorDecision>(std::move(out.decision));
+}
+Status Scheduler::OnGrantCommitted(int64_t now_ms, GrantCommitted grant) {
+  return Apply(now_ms, std::move(grant)).status;
+}
+Status Scheduler::OnGrantReleased(int64_t now_ms, GrantReleased grant) {
+  return Apply(now_ms, std::move(grant)).status;
+}
+TickDecision Scheduler::OnTick(int64_t now_ms) {
+  return std::get<TickDecision>(Apply(now_ms, Tick{}).decision);
+}
+
+}  // namespace nbos::sched

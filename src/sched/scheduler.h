@@ -1,0 +1,206 @@
+// Scheduler: the event facade over the pure scheduling core (DESIGN §5). It owns a ClusterState,
+// a SubscriptionRatio and the policy options; callers (the live gateway on a real clock, `nbos
+// sim` on a virtual one) feed it events and act on the decisions it returns. Deterministic: the
+// same options and the same event sequence give the same decisions. No clock, no I/O, no
+// randomness; every event carries the caller's time in ms and every id comes from the caller.
+//
+// Every event can also be applied through the one entry point Apply(now_ms, SchedulerEvent),
+// which is what the typed methods do; an optional SchedulerObserver sees each (event, outcome)
+// pair, so a journal of a run can be replayed through a fresh Scheduler (journal.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "common/status.h"
+#include "sched/cluster.h"
+#include "sched/executor.h"
+#include "sched/migration.h"
+#include "sched/placement.h"
+#include "sched/scaling.h"
+#include "sched/subscription.h"
+
+namespace nbos::sched {
+
+struct SchedulerOptions {
+  double max_subscription_ratio = kDefaultMaxSubscriptionRatio;  // SR_c cap, > 0
+  int32_t ratio_window = 5;                                      // SR_c samples, > 0
+  // Tick() decides auto-scaling only when set. Scale decisions wait for a full ratio window (the
+  // reference's canScaleIn), so the first ratio_window - 1 ticks only sample.
+  bool auto_scaling = true;
+  ScalingOptions scaling;
+};
+
+// ---- Inputs -----------------------------------------------------------------------------------
+
+struct ServerJoined {
+  ServerView server;  // subscribed must be zero (derived)
+};
+struct ServerUpdated {
+  ServerView server;  // spec, committed, accepting replaced
+};
+struct ServerLeft {
+  std::string server_id;
+};
+struct ServerAcceptingChanged {
+  std::string server_id;
+  bool accepting = true;
+};
+
+// A kernel (or replacement replicas of one) needs servers.
+struct PlacementRequested {
+  std::string kernel_id;
+  Resources request;  // per replica
+  int32_t replicas = kReplicasPerKernel;
+  std::set<std::string, std::less<>> excluded_servers;
+  // False when the cluster cannot grow (at max size): place over SR_c instead of asking for
+  // scale-out (PlacementOptions::ignore_ratio_if_no_scale_out).
+  bool can_scale_out = true;
+  // Bind-at-placement policies (one replica that holds its GPUs, a batch container): only servers
+  // with >= request.gpus idle GPUs are eligible, and SR_c does not apply.
+  bool require_idle_gpus = false;
+};
+
+struct KernelPlaced {
+  KernelView kernel;  // replicas recorded; becomes part of demand
+};
+struct KernelRemoved {
+  std::string kernel_id;
+};
+struct ReplicaAdded {  // migration step 1: the new member joins
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+  std::string server_id;
+};
+struct ReplicaRemoved {  // migration step 2: the old member leaves
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+};
+
+// A cell needs an executor.
+struct ExecutorRequested {
+  std::string kernel_id;
+  int32_t gpus = -1;  // GPUs this cell needs; < 0 means the kernel's request
+  std::set<uint32_t> excluded_replicas;
+  std::optional<uint32_t> target_replica;
+  // Servers holding a warm replica process: preferred migration targets.
+  std::set<std::string, std::less<>> warm_servers;
+};
+
+// A daemon granted (committed) / released GPUs for an executing replica. Committed: the replica
+// becomes the kernel's last executor when it is one of its replicas (replica_id 0: none, e.g. a
+// grant that is not tied to a replica yet).
+struct GrantCommitted {
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+  std::string server_id;
+  Resources resources;
+};
+struct GrantReleased {
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+  std::string server_id;
+  Resources resources;
+};
+
+// Periodic: sample SR_c; with auto_scaling, decide scaling.
+struct Tick {};
+
+using SchedulerEvent =
+    std::variant<ServerJoined, ServerUpdated, ServerLeft, ServerAcceptingChanged,
+                 PlacementRequested, KernelPlaced, KernelRemoved, ReplicaAdded, ReplicaRemoved,
+                 ExecutorRequested, GrantCommitted, GrantReleased, Tick>;
+
+// Short name of the event's type ("server_joined", ...), the journal's "event" field.
+std::string_view EventName(const SchedulerEvent& event);
+
+// ---- Outputs ----------------------------------------------------------------------------------
+
+struct ExecutorDecision {
+  ExecutorChoice choice;  // candidates in order; empty when a replica must migrate first
+  // Set exactly when choice.candidates is empty and the cell needs GPUs: which replica moves
+  // where (or scale_out_needed). A cell needing 0 GPUs always has candidates unless the kernel
+  // has no live replica, and then migration stays unset.
+  std::optional<MigrationPlan> migration;
+};
+
+struct TickDecision {
+  double cluster_ratio = 0;  // SR_c after this tick's sample
+  int64_t demand_gpus = 0;
+  int64_t busy_gpus = 0;
+  bool scaling_evaluated = false;  // auto_scaling on and the ratio window full
+  ScalingDecision scaling;         // meaningful when scaling_evaluated
+};
+
+// What an event produced. Mutations give std::monostate (or an error Status).
+using SchedulerDecision = std::variant<std::monostate, Placement, ExecutorDecision, TickDecision>;
+
+struct SchedulerOutcome {
+  Status status;               // not ok: the event was rejected and changed nothing
+  SchedulerDecision decision;  // monostate when !status.ok()
+};
+
+// Sees every event applied and its outcome, in order. Called synchronously from Apply; must not
+// call back into the Scheduler.
+class SchedulerObserver {
+ public:
+  virtual ~SchedulerObserver() = default;
+  virtual void OnEvent(int64_t now_ms, const SchedulerEvent& event,
+                       const SchedulerOutcome& outcome) = 0;
+};
+
+// ---- The facade -------------------------------------------------------------------------------
+
+class Scheduler {
+ public:
+  // options must be valid (asserted): ratio cap > 0, window > 0, gpus_per_host > 0.
+  explicit Scheduler(SchedulerOptions options = {});
+
+  // nullptr detaches. The observer must outlive its attachment.
+  void set_observer(SchedulerObserver* observer) { observer_ = observer; }
+
+  // The single entry point. now_ms must not go backwards (asserted); it is recorded, not read.
+  SchedulerOutcome Apply(int64_t now_ms, const SchedulerEvent& event);
+
+  // Typed conveniences over Apply.
+  Status OnServerJoined(int64_t now_ms, ServerView server);
+  Status OnServerUpdated(int64_t now_ms, ServerView server);
+  Status OnServerLeft(int64_t now_ms, std::string server_id);
+  Status OnServerAccepting(int64_t now_ms, std::string server_id, bool accepting);
+  // Errors: PlaceKernel's (negative request, replicas < 1, request larger than every server).
+  Result<Placement> RequestPlacement(int64_t now_ms, PlacementRequested request);
+  Status OnKernelPlaced(int64_t now_ms, KernelView kernel);
+  Status OnKernelRemoved(int64_t now_ms, std::string kernel_id);
+  Status OnReplicaAdded(int64_t now_ms, std::string kernel_id, uint32_t replica_id,
+                        std::string server_id);
+  Status OnReplicaRemoved(int64_t now_ms, std::string kernel_id, uint32_t replica_id);
+  // Errors: NotFound (kernel), ChooseMigration's InvalidArgument (e.g. no movable replica, or
+  // more GPUs than the largest server has).
+  Result<ExecutorDecision> RequestExecutor(int64_t now_ms, ExecutorRequested request);
+  Status OnGrantCommitted(int64_t now_ms, GrantCommitted grant);
+  Status OnGrantReleased(int64_t now_ms, GrantReleased grant);
+  TickDecision OnTick(int64_t now_ms);
+
+  const ClusterState& cluster() const { return cluster_; }
+  const SubscriptionRatio& ratio() const { return ratio_; }
+  const SchedulerOptions& options() const { return options_; }
+  int64_t last_event_ms() const { return last_event_ms_; }
+
+ private:
+  SchedulerOutcome Handle(const SchedulerEvent& event);
+  Result<Placement> Place(const PlacementRequested& request) const;
+  Result<ExecutorDecision> Execute(const ExecutorRequested& request) const;
+  TickDecision DoTick();
+
+  SchedulerOptions options_;
+  ClusterState cluster_;
+  SubscriptionRatio ratio_;
+  SchedulerObserver* observer_ = nullptr;
+  int64_t last_event_ms_ = 0;
+};
+
+}  // namespace nbos::sched

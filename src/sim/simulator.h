@@ -1,0 +1,105 @@
+// The discrete-event simulator behind `nbos sim`: sessions, cells, replicas, servers, GPU grants,
+// migrations, the warm pool, auto-scaling and idle-session reclamation on a virtual clock. Every
+// scheduling decision comes from sched::Scheduler (the gateway's core); this file only models
+// what the live system would do with the decisions and how long it would take.
+// Deterministic: the same workload, options and seed give the same SimResult.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "sched/scheduler.h"
+#include "sched/warm_pool.h"
+#include "sim/trace.h"
+
+namespace nbos::sim {
+
+enum class Policy { kReservation, kBatch, kNotebookOS, kNotebookOSLcp };
+std::string_view PolicyName(Policy policy);  // "reservation", "batch", "notebookos", ...
+Result<Policy> ParsePolicy(std::string_view name);
+
+// Latencies the simulator does not execute, prices and sizes. Every field has a documented
+// default (docs/decisions/0004-simulator.md); a JSON config file overrides any subset by name.
+struct SimConfig {
+  int64_t process_start_ms = 8000;      // cold replica / container process start
+  int64_t warm_promote_ms = 300;        // promote a warm process into a replica
+  int64_t raft_commit_ms = 5;           // executor election round before a cell starts
+  int64_t migration_catchup_ms = 1000;  // new replica catches up from snapshot + blobs
+  int64_t state_restore_ms = 3000;      // read kernel state from the blob store (batch, LCP,
+                                        // after reclamation), on the critical path
+  int64_t state_write_ms = 2000;        // write state after a cell (batch, LCP), critical path
+  int64_t provision_ms = 120000;        // a new server joins after this
+  int64_t scaling_interval_ms = 15000;  // Tick period
+  int64_t warm_pool_interval_ms = 60000;
+  double jitter = 0.1;               // each latency × U(1 - jitter, 1 + jitter)
+  int64_t replica_millicpus = 1000;  // per replica (the trace has no CPU/memory)
+  int64_t replica_memory_mb = 4096;
+  int64_t host_millicpus = 64000;
+  int64_t host_memory_mb = 128000;
+  int32_t min_hosts = 3;  // auto-scaling floor (+ buffer_hosts)
+  int32_t buffer_hosts = 3;
+  double scaling_factor = 1.10;
+  double scaling_limit = 1.15;
+  int32_t max_release_per_round = 2;
+  double max_subscription_ratio = 7.0;
+  int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
+  int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
+  double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
+  double gpu_hour_price_usd = 4.00;      // billed per GPU-hour held (reservation) or executing
+  double standby_price_fraction = 0.10;  // notebookos: idle session GPU-hour billed at this share
+};
+// Overrides fields named in the JSON object at `path`; unknown names are InvalidArgument.
+Result<SimConfig> LoadSimConfig(const std::string& path);
+std::string SimConfigJson(const SimConfig& config);  // every field, for reports
+
+struct SimOptions {
+  Policy policy = Policy::kNotebookOS;
+  int32_t initial_hosts = 6;
+  int32_t gpus_per_host = 8;
+  int32_t max_hosts = -1;       // < 0: unbounded
+  int64_t idle_reclaim_ms = 0;  // 0: never reclaim idle sessions
+  uint64_t seed = 1;
+  SimConfig config;
+  sched::SchedulerObserver* observer = nullptr;  // e.g. a JournalWriter
+};
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0;
+};
+
+struct SimResult {
+  std::string policy;
+  int64_t idle_reclaim_min = 0;
+  int64_t sessions = 0, cells = 0, cells_failed = 0;
+  double simulated_hours = 0;
+  double gpu_hours_provisioned = 0;  // Σ server GPUs × (requested .. released)
+  double gpu_hours_committed = 0;    // ∫ committed GPUs (held by executors or reservations)
+  double gpu_hours_oracle = 0;       // Σ cell GPUs × cell duration
+  double pct_immediate = 0;          // cells whose GPUs were committed when they arrived
+  double pct_executor_reuse = 0;     // cells run by the previous cell's executor
+  Percentiles delay_s, tct_s;        // interactivity delay; task completion time
+  std::vector<double> delay_cdf_s, tct_cdf_s;  // values at percentiles 0, 1, ..., 100
+  int64_t migrations = 0, hosts_added = 0, hosts_released = 0, scale_out_events = 0,
+          scale_in_events = 0, reclaims = 0, warm_promotions = 0, cold_starts = 0;
+  int32_t peak_servers = 0;
+  double mean_servers = 0;
+  std::vector<std::pair<double, int32_t>> servers_over_time;  // (hour, max servers that hour)
+  double provider_cost_usd = 0, revenue_usd = 0, margin_pct = 0;
+};
+
+// The scheduler options a simulation with `options` uses (for a journal header).
+sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options);
+
+// Runs the whole workload. InvalidArgument for options that cannot work (no hosts, a session
+// wanting more GPUs than a host has).
+Result<SimResult> Simulate(const Workload& workload, const SimOptions& options);
+
+// JSON object of a result (stable key order), and a fixed-width table of several.
+std::string ResultJson(const SimResult& result);
+std::string ResultTable(const std::vector<SimResult>& results);
+
+}  // namespace nbos::sim
