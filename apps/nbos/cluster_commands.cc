@@ -85,6 +85,7 @@ struct UpArgs {
   int port = 8889;
   int warm_pool = 1;
   std::string state_dir;
+  std::string decision_journal;
   std::string token;
   std::string log_level = "info";
 };
@@ -253,6 +254,10 @@ int RunUp(UpArgs& args, const std::string& self_path) {
                       {self_path, "gateway", "--port", std::to_string(args.port),
                        "--control-address", control, "--state-dir", args.state_dir + "/gateway",
                        "--token", args.token, "--log-level", args.log_level}});
+  if (!args.decision_journal.empty()) {
+    children[0].argv.push_back("--decision-journal");
+    children[0].argv.push_back(fs::absolute(args.decision_journal).string());
+  }
   // Daemons on one machine get disjoint replica port ranges: one port probed free by two of
   // them would otherwise reach two replicas.
   const daemon::PortRange all_ports;
@@ -338,6 +343,8 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->capture_default_str();
   gw->add_option("--allowed-env", gw_args->options.allowed_env,
                  "Besides KERNEL_*, environment variables passed to kernels");
+  gw->add_option("--decision-journal", gw_args->options.decision_journal,
+                 "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
   gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
 
   auto d_args = std::make_shared<DaemonArgs>();
@@ -382,6 +389,8 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->check(CLI::Range(0, 64));
   up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--decision-journal", up_args->decision_journal,
+                 "The gateway's decision journal (see nbos gateway --help)");
   up->add_option("--log-level", up_args->log_level)->capture_default_str();
 
   return [=]() -> int {

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -29,6 +30,8 @@
 #include "jupyter/connection_file.h"
 #include "jupyter/websocket_codec.h"
 #include "sched/cluster.h"
+#include "sched/journal.h"
+#include "sched/scheduler.h"
 #include "sched/executor.h"
 #include "sched/placement.h"
 #include "sched/subscription.h"
@@ -174,8 +177,14 @@ struct Gateway::Impl {
   std::string control_address;
 
   mutable std::mutex mu;
-  sched::ClusterState cluster;                                        // guarded by mu
-  sched::SubscriptionRatio ratio;                                     // guarded by mu
+  // Every scheduling decision goes through this core, the one `nbos sim` drives. The gateway
+  // has no host provider, so it does not auto-scale; placements sample SR_c first.
+  sched::Scheduler scheduler{SchedulerOptionsForGateway()};           // guarded by mu
+  const sched::ClusterState& cluster = scheduler.cluster();           // guarded by mu
+  std::ofstream journal_file;                                         // guarded by mu
+  std::unique_ptr<sched::JournalWriter> journal;                      // guarded by mu
+  const SteadyClock::time_point started = SteadyClock::now();
+  std::set<std::string> logged_migration;  // guarded by mu: exec ids whose wait was logged
   std::map<std::string, std::unique_ptr<Server>> servers;             // guarded by mu
   std::map<std::string, std::shared_ptr<Kernel>> kernels;             // guarded by mu
   uint64_t grants_made = 0, grants_refused = 0, kernels_started = 0;  // guarded by mu
@@ -185,6 +194,19 @@ struct Gateway::Impl {
   std::condition_variable monitor_cv;
   bool stopping = false;                     // guarded by monitor_mu
   std::deque<std::function<void()>> chores;  // guarded by monitor_mu: run on the monitor thread
+
+  static sched::SchedulerOptions SchedulerOptionsForGateway() {
+    sched::SchedulerOptions o;
+    o.auto_scaling = false;
+    return o;
+  }
+
+  // The scheduler's clock: ms since the gateway started (mu held, so it never goes backwards
+  // from one event to the next).
+  int64_t NowMs() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started)
+        .count();
+  }
 
   // ---------- kernels ----------
   Json Model(const Kernel& k) const {
@@ -228,13 +250,29 @@ struct Gateway::Impl {
         return ExecutionPlan{
             requested && live.count(requested) ? requested : *live.begin(), "", "", {}};
       }
-      std::set<uint32_t> excluded;
+      sched::ExecutorRequested request;
+      request.kernel_id = kernel_id;
+      request.gpus = gpus;
       for (const auto& r : view->replicas)
-        if (!live.count(r.replica_id)) excluded.insert(r.replica_id);
-      sched::ExecutorChoice choice =
-          sched::ChooseExecutor(cluster, *view, gpus, excluded,
-                                requested ? std::optional<uint32_t>(requested) : std::nullopt);
+        if (!live.count(r.replica_id)) request.excluded_replicas.insert(r.replica_id);
+      if (requested) request.target_replica = requested;
+      auto decision = scheduler.RequestExecutor(NowMs(), std::move(request));
+      if (!decision.ok()) {
+        spdlog::warn("kernel {}: no executor: {}", kernel_id, decision.status().ToString());
+        return std::nullopt;
+      }
+      const sched::ExecutorChoice& choice = decision->choice;
       if (!choice.note.empty()) spdlog::info("kernel {}: {}", kernel_id, choice.note);
+      if (decision->migration && !logged_migration.count(exec_id)) {
+        // Live migration is not carried out: the cell waits until a replica's server frees GPUs.
+        logged_migration.insert(exec_id);
+        const sched::MigrationPlan& m = *decision->migration;
+        spdlog::info("kernel {}: no replica's server has {} idle GPU(s); the core would move "
+                     "replica {} from {} to {}{}; the cell waits for GPUs",
+                     kernel_id, gpus, m.replica_id, m.from_server_id,
+                     m.to_server_id.empty() ? "(none)" : m.to_server_id,
+                     m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
+      }
       for (uint32_t id : choice.candidates) {
         const sched::ReplicaView* r = view->FindReplica(id);
         if (r == nullptr) continue;
@@ -262,23 +300,26 @@ struct Gateway::Impl {
         plan.device_ids.assign(granted->device_ids().begin(), granted->device_ids().end());
       }
       std::lock_guard lock(mu);
-      if (gpus > 0) {
-        ++grants_made;
-        (void)cluster.Commit(server_id, sched::Resources{0, 0, gpus, 0});
+      if (gpus > 0) ++grants_made;
+      logged_migration.erase(exec_id);
+      if (Status s = scheduler.OnGrantCommitted(
+              NowMs(), {kernel_id, replica, server_id, sched::Resources{0, 0, gpus, 0}});
+          !s.ok()) {
+        spdlog::warn("kernel {}: recording grant: {}", kernel_id, s.ToString());
       }
-      (void)cluster.SetLastExecutor(kernel_id, replica);
       return plan;
     }
     return std::nullopt;
   }
 
-  void Release(const ExecutionPlan& plan) {
+  void Release(const std::string& kernel_id, const ExecutionPlan& plan) {
     daemon::DaemonClient* client;
     {
       std::lock_guard lock(mu);
       client = ClientFor(plan.server_id);
-      (void)cluster.Release(
-          plan.server_id, sched::Resources{0, 0, static_cast<int32_t>(plan.device_ids.size()), 0});
+      (void)scheduler.OnGrantReleased(
+          NowMs(), {kernel_id, plan.target_replica, plan.server_id,
+                    sched::Resources{0, 0, static_cast<int32_t>(plan.device_ids.size()), 0}});
     }
     if (client == nullptr) return;
     auto released = client->Release(plan.grant_id);
@@ -304,7 +345,7 @@ struct Gateway::Impl {
                                      const std::set<ReplicaId>& live) {
       return Plan(kernel_id, exec_id, gpus, requested, live);
     };
-    o.hooks.release = [this](const ExecutionPlan& plan) { Release(plan); };
+    o.hooks.release = [this, kernel_id](const ExecutionPlan& plan) { Release(kernel_id, plan); };
     o.hooks.shutdown_requested = [this, kernel_id](bool restart) {
       Chore([this, kernel_id, restart] {
         Status s = restart ? RestartKernel(kernel_id).status() : DeleteKernel(kernel_id);
@@ -405,7 +446,7 @@ struct Gateway::Impl {
     view.request = k.request;
     for (const StoredReplica& r : k.meta.replicas)
       view.replicas.push_back({k.meta.kernel_id, r.replica_id, r.server_id});
-    Status s = cluster.AddKernel(std::move(view));
+    Status s = scheduler.OnKernelPlaced(NowMs(), std::move(view));
     k.in_cluster = s.ok();
     return s;
   }
@@ -426,13 +467,14 @@ struct Gateway::Impl {
     {
       std::lock_guard lock(mu);
       if (Status s = sched::CheckRequestFitsSomeServer(cluster, k->request); !s.ok()) return s;
-      ratio.AddSample(cluster);
-      sched::PlacementOptions po;
+      (void)scheduler.OnTick(NowMs());  // SR_c sampled with the demand of this moment
+      sched::PlacementRequested po;
+      po.kernel_id = k->meta.kernel_id;
+      po.request = k->request;
       po.replicas = options.replicas;
-      po.cluster_ratio = ratio.value();
       // `nbos up` has no host provider to scale out with: place anyway and say so.
-      po.ignore_ratio_if_no_scale_out = true;
-      auto placement = sched::PlaceKernel(cluster, k->request, po);
+      po.can_scale_out = false;
+      auto placement = scheduler.RequestPlacement(NowMs(), std::move(po));
       if (!placement.ok()) return placement.status();
       if (placement->server_ids.empty()) {
         return ResourceExhausted("no " + std::to_string(options.replicas) +
@@ -469,7 +511,7 @@ struct Gateway::Impl {
       StopReplicas(k->meta);
       (void)store->Remove(k->meta.kernel_id);
       std::lock_guard lock(mu);
-      (void)cluster.RemoveKernel(k->meta.kernel_id);
+      (void)scheduler.OnKernelRemoved(NowMs(), k->meta.kernel_id);
       kernels.erase(k->meta.kernel_id);
       return s;
     }
@@ -525,7 +567,7 @@ struct Gateway::Impl {
     StopReplicas(k->meta);
     (void)store->Remove(id);
     std::lock_guard lock(mu);
-    (void)cluster.RemoveKernel(id);
+    (void)scheduler.OnKernelRemoved(NowMs(), id);
     spdlog::info("kernel {} deleted", id);
     return Status::Ok();
   }
@@ -572,8 +614,8 @@ struct Gateway::Impl {
       view.spec = FromProto(req.spec());
       if (const sched::ServerView* existing = cluster.FindServer(req.server_id())) {
         view.committed = existing->committed;
-        (void)cluster.UpdateServer(view);
-      } else if (Status st = cluster.AddServer(view); !st.ok()) {
+        (void)scheduler.OnServerUpdated(NowMs(), view);
+      } else if (Status st = scheduler.OnServerJoined(NowMs(), view); !st.ok()) {
         spdlog::error("registering server {}: {}", req.server_id(), st.ToString());
       }
       // Kernels restored from the database join the scheduler's view once all their servers
@@ -633,7 +675,7 @@ struct Gateway::Impl {
         if (!s->alive || now - s->last_seen < std::chrono::milliseconds(options.server_timeout_ms))
           continue;
         s->alive = false;
-        (void)cluster.SetAccepting(id, false);
+        (void)scheduler.OnServerAccepting(NowMs(), id, false);
         spdlog::warn("server {} missed its heartbeats; its replicas count as lost", id);
         for (auto& [kid, k] : kernels) {
           for (const auto& r : k->meta.replicas) {
@@ -885,7 +927,7 @@ struct Gateway::Impl {
                {"subscription_ratio", sched::HostSubscriptionRatio(view)},
                {"warm_pool", warm}});
     }
-    out["cluster_subscription_ratio"] = ratio.value();
+    out["cluster_subscription_ratio"] = scheduler.ratio().value();
     for (const auto& [id, k] : kernels) {
       const ReplicaId executor = k->session ? k->session->current_executor() : 0;
       Json replicas = Json::array();
@@ -958,7 +1000,7 @@ struct Gateway::Impl {
           launches.Add({{"server", id}, {"from", "cold"}}).Increment(static_cast<double>(w.cold()));
         }
       }
-      ratio_gauge.Add({{"server", ""}}).Set(ratio.value());
+      ratio_gauge.Add({{"server", ""}}).Set(scheduler.ratio().value());
       grants.Add({{"outcome", "granted"}}).Increment(static_cast<double>(grants_made));
       grants.Add({{"outcome", "refused"}}).Increment(static_cast<double>(grants_refused));
       for (const auto& [id, k] : kernels)
@@ -1033,6 +1075,17 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
   if (ec) return Unavailable("creating " + options.state_dir + ": " + ec.message());
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  if (!impl->options.decision_journal.empty()) {
+    // One journal per gateway run: it starts from an empty core, as its replay does.
+    impl->journal_file.open(impl->options.decision_journal, std::ios::trunc);
+    if (!impl->journal_file) {
+      return Unavailable("cannot write the decision journal " + impl->options.decision_journal);
+    }
+    impl->journal_file << std::unitbuf;  // a record is on disk as soon as it is decided
+    impl->journal = std::make_unique<sched::JournalWriter>(impl->journal_file,
+                                                           impl->scheduler.options());
+    impl->scheduler.set_observer(impl->journal.get());
+  }
   auto store = MetadataStore::Open(impl->options.state_dir + "/gateway.db");
   if (!store.ok()) return store.status();
   impl->store = std::move(*store);

@@ -39,6 +39,9 @@ struct GatewayOptions {
   int server_timeout_ms = 5000;
   // How long a kernel start waits for every replica to answer kernel_info.
   int kernel_start_timeout_ms = 60000;
+  // When set, every scheduling event and decision is appended here as a decision journal
+  // (sched/journal.h), which `nbos sim replay` re-derives through the same core.
+  std::string decision_journal;
 };
 
 class Gateway {
