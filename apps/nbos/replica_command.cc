@@ -114,6 +114,8 @@ int RunWarm(const std::vector<std::string>& preload, const std::string& version)
     std::cerr << "nbos replica --warm: " << s.message() << "\n";
     return 1;
   }
+  // Stdin is a socket from the daemon: tell it the preload is done.
+  [[maybe_unused]] ssize_t said = write(STDIN_FILENO, "ready\n", 6);
   std::string line;
   if (!std::getline(std::cin, line)) return 0;  // the pool was shut down
   nlohmann::json promotion = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);

@@ -424,6 +424,7 @@ control::ServerStatus Daemon::GetStatus() const {
   const WarmPoolStats warm = supervisor_->warm_pool();
   control::WarmPool* w = status.mutable_warm_pool();
   w->set_ready(warm.ready);
+  w->set_starting(warm.starting);
   w->set_target(options_.warm_pool_size);
   w->set_promoted(warm.promoted);
   w->set_cold(warm.cold);

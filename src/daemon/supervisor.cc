@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -244,8 +245,12 @@ Status Supervisor::Spawn(Child& child) {
 
 bool Supervisor::Promote(Child& child) {
   while (!warm_.empty()) {
-    WarmProcess warm = warm_.front();
-    warm_.pop_front();
+    // A ready one if there is one; else the oldest, which is furthest along its preload.
+    auto pick =
+        std::find_if(warm_.begin(), warm_.end(), [](const WarmProcess& w) { return w.ready; });
+    if (pick == warm_.end()) pick = warm_.begin();
+    WarmProcess warm = *pick;
+    warm_.erase(pick);
     nlohmann::json promotion = {
         {"argv", std::vector<std::string>(child.argv.begin() + 2, child.argv.end())},
         {"env", child.envp},
@@ -301,6 +306,8 @@ Status Supervisor::SpawnWarm() {
 void Supervisor::TendWarmPool() {
   const auto now = std::chrono::steady_clock::now();
   for (auto it = warm_.begin(); it != warm_.end();) {
+    char said[16];
+    if (!it->ready && recv(it->stdin_fd, said, sizeof said, MSG_DONTWAIT) > 0) it->ready = true;
     int status = 0;
     if (waitpid(it->pid, &status, WNOHANG) != it->pid) {
       ++it;
@@ -343,7 +350,7 @@ void Supervisor::StopWarmPool() {
 WarmPoolStats Supervisor::warm_pool() const {
   std::lock_guard lock(mu_);
   WarmPoolStats stats = warm_stats_;
-  stats.ready = static_cast<int>(warm_.size());
+  for (const WarmProcess& w : warm_) ++(w.ready ? stats.ready : stats.starting);
   return stats;
 }
 

@@ -6,7 +6,8 @@
 // data/ (its Raft log and snapshots) and replica.log.
 //
 // Warm pool: the Supervisor can keep pre-started `nbos replica --warm` processes (Python and
-// its heavy modules already loaded). A launch or restart takes one when there is one, sending it
+// its heavy modules already loaded; a process says "ready" on its stdin socket once they are).
+// A launch or restart takes one when there is one, a ready one first, sending it
 // the replica's arguments, environment, directory and log over its stdin, and then supervises it
 // like any other replica; the pool is topped up on the watch thread. Warm processes that keep
 // dying disable the pool (cold starts go on).
@@ -80,7 +81,8 @@ struct SupervisorOptions {
 };
 
 struct WarmPoolStats {
-  int ready = 0;          // warm processes waiting
+  int ready = 0;          // warm processes waiting, preloaded
+  int starting = 0;       // warm processes still preloading
   uint64_t promoted = 0;  // launches and restarts that took one
   uint64_t cold = 0;      // launches and restarts that started a fresh process
   uint64_t died = 0;      // warm processes that exited before promotion
@@ -137,7 +139,8 @@ class Supervisor {
   };
   struct WarmProcess {
     pid_t pid = 0;
-    int stdin_fd = -1;  // write end of its stdin
+    int stdin_fd = -1;  // our end of the socket that is its stdin
+    bool ready = false;
   };
   struct ExitEvent {
     ReplicaKey key;
@@ -164,7 +167,7 @@ class Supervisor {
   std::map<ReplicaKey, Child> children_;  // guarded by mu_
   bool shutdown_ = false;                 // guarded by mu_
   std::deque<WarmProcess> warm_;          // guarded by mu_, oldest first
-  WarmPoolStats warm_stats_;              // guarded by mu_ (ready derived from warm_)
+  WarmPoolStats warm_stats_;              // guarded by mu_ (ready, starting derived from warm_)
   std::deque<std::chrono::steady_clock::time_point> warm_deaths_;  // guarded by mu_
   uint64_t warm_spawned_ = 0;                                      // guarded by mu_
   bool warm_closed_ = false;                                       // guarded by mu_

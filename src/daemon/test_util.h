@@ -70,6 +70,7 @@ inline std::string WriteFakeNbos(const std::string& dir) {
 if [ "$2" = "--warm" ]; then
   # A warm replica: dies at once when WARM_DIR/die exists, else records its promotion.
   [ -e die ] && exit 1
+  echo ready >&0
   read -r line || exit 0
   printf '%s\n' "$line" > "promoted-$$.json"
   exec sleep 1000

@@ -30,10 +30,10 @@
 #include "jupyter/connection_file.h"
 #include "jupyter/websocket_codec.h"
 #include "sched/cluster.h"
-#include "sched/journal.h"
-#include "sched/scheduler.h"
 #include "sched/executor.h"
+#include "sched/journal.h"
 #include "sched/placement.h"
+#include "sched/scheduler.h"
 #include "sched/subscription.h"
 
 namespace nbos::gateway {
@@ -179,10 +179,10 @@ struct Gateway::Impl {
   mutable std::mutex mu;
   // Every scheduling decision goes through this core, the one `nbos sim` drives. The gateway
   // has no host provider, so it does not auto-scale; placements sample SR_c first.
-  sched::Scheduler scheduler{SchedulerOptionsForGateway()};           // guarded by mu
-  const sched::ClusterState& cluster = scheduler.cluster();           // guarded by mu
-  std::ofstream journal_file;                                         // guarded by mu
-  std::unique_ptr<sched::JournalWriter> journal;                      // guarded by mu
+  sched::Scheduler scheduler{SchedulerOptionsForGateway()};  // guarded by mu
+  const sched::ClusterState& cluster = scheduler.cluster();  // guarded by mu
+  std::ofstream journal_file;                                // guarded by mu
+  std::unique_ptr<sched::JournalWriter> journal;             // guarded by mu
   const SteadyClock::time_point started = SteadyClock::now();
   std::set<std::string> logged_migration;  // guarded by mu: exec ids whose wait was logged
   std::map<std::string, std::unique_ptr<Server>> servers;             // guarded by mu
@@ -267,11 +267,12 @@ struct Gateway::Impl {
         // Live migration is not carried out: the cell waits until a replica's server frees GPUs.
         logged_migration.insert(exec_id);
         const sched::MigrationPlan& m = *decision->migration;
-        spdlog::info("kernel {}: no replica's server has {} idle GPU(s); the core would move "
-                     "replica {} from {} to {}{}; the cell waits for GPUs",
-                     kernel_id, gpus, m.replica_id, m.from_server_id,
-                     m.to_server_id.empty() ? "(none)" : m.to_server_id,
-                     m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
+        spdlog::info(
+            "kernel {}: no replica's server has {} idle GPU(s); the core would move "
+            "replica {} from {} to {}{}; the cell waits for GPUs",
+            kernel_id, gpus, m.replica_id, m.from_server_id,
+            m.to_server_id.empty() ? "(none)" : m.to_server_id,
+            m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
       }
       for (uint32_t id : choice.candidates) {
         const sched::ReplicaView* r = view->FindReplica(id);
@@ -905,11 +906,9 @@ struct Gateway::Impl {
       Json warm = Json::object();
       if (s != servers.end()) {
         const control::WarmPool& w = s->second->status.warm_pool();
-        warm = Json{{"ready", w.ready()},
-                    {"target", w.target()},
-                    {"promoted", w.promoted()},
-                    {"cold", w.cold()},
-                    {"disabled", w.disabled()}};
+        warm = Json{{"ready", w.ready()},   {"starting", w.starting()},
+                    {"target", w.target()}, {"promoted", w.promoted()},
+                    {"cold", w.cold()},     {"disabled", w.disabled()}};
       }
       out["servers"].push_back(
           Json{{"server_id", id},
@@ -1082,8 +1081,8 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
       return Unavailable("cannot write the decision journal " + impl->options.decision_journal);
     }
     impl->journal_file << std::unitbuf;  // a record is on disk as soon as it is decided
-    impl->journal = std::make_unique<sched::JournalWriter>(impl->journal_file,
-                                                           impl->scheduler.options());
+    impl->journal =
+        std::make_unique<sched::JournalWriter>(impl->journal_file, impl->scheduler.options());
     impl->scheduler.set_observer(impl->journal.get());
   }
   auto store = MetadataStore::Open(impl->options.state_dir + "/gateway.db");
