@@ -24,6 +24,7 @@ struct SimArgs {
   int32_t hosts = 6;
   int32_t gpus_per_host = 8;
   int32_t max_hosts = -1;
+  int32_t fixed_hosts = 0;  // > 0: a fixed cluster of this many servers, no auto-scaling
   uint64_t seed = 1;
   std::string config;
   int64_t idle_reclaim_min = 0;
@@ -43,6 +44,10 @@ Result<sim::SimOptions> Options(const SimArgs& a, const std::string& policy) {
   o.initial_hosts = a.hosts;
   o.gpus_per_host = a.gpus_per_host;
   o.max_hosts = a.max_hosts;
+  if (a.fixed_hosts > 0) {
+    o.initial_hosts = o.max_hosts = a.fixed_hosts;
+    o.auto_scaling = false;
+  }
   o.seed = a.seed;
   o.idle_reclaim_ms = a.idle_reclaim_min * 60000;
   if (!a.config.empty()) {
@@ -63,6 +68,9 @@ void AddRunOptions(CLI::App* cmd, SimArgs& a) {
   cmd->add_option("--gpus-per-host", a.gpus_per_host, "GPUs per server")->capture_default_str();
   cmd->add_option("--max-hosts", a.max_hosts, "Cluster size cap (< 0: none)")
       ->capture_default_str();
+  cmd->add_option("--fixed-hosts", a.fixed_hosts,
+                  "Fixed cluster of N servers: no auto-scaling (overrides --hosts, --max-hosts)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a.seed, "Seed of the latency jitter")->capture_default_str();
   cmd->add_option("--config", a.config, "JSON file overriding latencies, sizes and prices");
   cmd->add_option("--idle-reclaim", a.idle_reclaim_min,
@@ -157,8 +165,10 @@ int RunReport(const SimArgs& a) {
   auto o = Options(a, "notebookos");
   write("config.json", sim::SimConfigJson(o->config) + "\n");
   const std::string command = "nbos sim report --trace " + a.trace + " --out " + a.out_dir +
-                              " --hosts " + std::to_string(a.hosts) + " --gpus-per-host " +
-                              std::to_string(a.gpus_per_host) + " --seed " + std::to_string(a.seed);
+                              (a.fixed_hosts > 0 ? " --fixed-hosts " + std::to_string(a.fixed_hosts)
+                                                 : " --hosts " + std::to_string(a.hosts)) +
+                              " --gpus-per-host " + std::to_string(a.gpus_per_host) + " --seed " +
+                              std::to_string(a.seed);
   write("report.md", sim::MarkdownReport(results, a.trace, command));
   std::cout << sim::ResultTable(results);
   return 0;

@@ -42,6 +42,11 @@ namespace {
 using jupyter::Json;
 using SteadyClock = std::chrono::steady_clock;
 
+// A migration step (Raft membership change, the new replica's first answer) that takes longer
+// than this failed; a failed migration is not retried for the backoff.
+constexpr std::chrono::milliseconds kMembershipTimeout{60000};
+constexpr std::chrono::seconds kMigrationBackoff{10};
+
 constexpr char kVersion[] = "0.1.0";
 
 sched::Resources FromProto(const control::Resources& r) {
@@ -164,9 +169,14 @@ struct Gateway::Impl {
     StoredKernel meta;
     sched::Resources request;
     std::shared_ptr<KernelSession> session;
-    std::mutex op_mu;  // serialises restart and delete
+    std::mutex op_mu;  // serialises restart, delete and migration
     bool in_cluster = false;
     std::map<uint32_t, bool> replica_live;
+    // Guarded by the gateway's mu: a migration is queued or running; none starts before
+    // migration_retry_after (a failed one backs off); replica ids a migration may use.
+    bool migrating = false;
+    SteadyClock::time_point migration_retry_after{};
+    uint32_t last_replica_id = 0;
   };
 
   GatewayOptions options;
@@ -188,12 +198,18 @@ struct Gateway::Impl {
   std::map<std::string, std::unique_ptr<Server>> servers;             // guarded by mu
   std::map<std::string, std::shared_ptr<Kernel>> kernels;             // guarded by mu
   uint64_t grants_made = 0, grants_refused = 0, kernels_started = 0;  // guarded by mu
+  uint64_t migrations_done = 0, migrations_failed = 0;                // guarded by mu
+  std::deque<int64_t> migration_ms;  // guarded by mu: the last 100 migrations' durations
 
   std::thread monitor;
   std::mutex monitor_mu;
   std::condition_variable monitor_cv;
   bool stopping = false;                     // guarded by monitor_mu
   std::deque<std::function<void()>> chores;  // guarded by monitor_mu: run on the monitor thread
+  // Migrations run one at a time on their own thread: each takes seconds of waiting on
+  // daemons and Raft, which must not hold up the monitor's chores and server checks.
+  std::thread migrator;
+  std::deque<std::function<void()>> migrations;  // guarded by monitor_mu
 
   static sched::SchedulerOptions SchedulerOptionsForGateway() {
     sched::SchedulerOptions o;
@@ -256,6 +272,8 @@ struct Gateway::Impl {
       for (const auto& r : view->replicas)
         if (!live.count(r.replica_id)) request.excluded_replicas.insert(r.replica_id);
       if (requested) request.target_replica = requested;
+      for (const auto& [id, s] : servers)
+        if (s->alive && s->status.warm_pool().ready() > 0) request.warm_servers.insert(id);
       auto decision = scheduler.RequestExecutor(NowMs(), std::move(request));
       if (!decision.ok()) {
         spdlog::warn("kernel {}: no executor: {}", kernel_id, decision.status().ToString());
@@ -263,16 +281,18 @@ struct Gateway::Impl {
       }
       const sched::ExecutorChoice& choice = decision->choice;
       if (!choice.note.empty()) spdlog::info("kernel {}: {}", kernel_id, choice.note);
-      if (decision->migration && !logged_migration.count(exec_id)) {
-        // Live migration is not carried out: the cell waits until a replica's server frees GPUs.
-        logged_migration.insert(exec_id);
+      if (decision->migration) {
         const sched::MigrationPlan& m = *decision->migration;
-        spdlog::info(
-            "kernel {}: no replica's server has {} idle GPU(s); the core would move "
-            "replica {} from {} to {}{}; the cell waits for GPUs",
-            kernel_id, gpus, m.replica_id, m.from_server_id,
-            m.to_server_id.empty() ? "(none)" : m.to_server_id,
-            m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
+        if (!logged_migration.count(exec_id)) {
+          logged_migration.insert(exec_id);
+          spdlog::info(
+              "kernel {}: no replica's server has {} idle GPU(s); migration plan: "
+              "replica {} from {} to {}{}",
+              kernel_id, gpus, m.replica_id, m.from_server_id,
+              m.to_server_id.empty() ? "(none)" : m.to_server_id,
+              m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
+        }
+        MaybeStartMigration(kernel_id, m);
       }
       for (uint32_t id : choice.candidates) {
         const sched::ReplicaView* r = view->FindReplica(id);
@@ -359,6 +379,37 @@ struct Gateway::Impl {
   }
 
   // Prepares and launches one replica per server; fills `k->meta.replicas`.
+  // Asks `client` (server `server_id`) to prepare replica `replica_id` of `k`: its directory,
+  // ports and connection file.
+  Result<StoredReplica> PrepareReplica(const Kernel& k, daemon::DaemonClient* client,
+                                       const std::string& server_id, uint32_t replica_id) {
+    control::PrepareReplicaRequest req;
+    req.set_kernel_id(k.meta.kernel_id);
+    req.set_replica_id(replica_id);
+    *req.mutable_resources() = ToProto(k.request);
+    req.set_key(k.meta.key);
+    auto prepared = client->PrepareReplica(req);
+    if (!prepared.ok()) {
+      return Status(prepared.status().code(), "preparing replica " + std::to_string(replica_id) +
+                                                  " on " + server_id + ": " +
+                                                  prepared.status().message());
+    }
+    jupyter::ConnectionInfo conn;
+    const control::ConnectionInfo& c = prepared->connection();
+    conn.ip = c.ip();
+    conn.transport = c.transport().empty() ? "tcp" : c.transport();
+    conn.shell_port = c.shell_port();
+    conn.iopub_port = c.iopub_port();
+    conn.stdin_port = c.stdin_port();
+    conn.control_port = c.control_port();
+    conn.hb_port = c.hb_port();
+    conn.key = c.key().empty() ? k.meta.key : c.key();
+    conn.signature_scheme = c.signature_scheme().empty() ? "hmac-sha256" : c.signature_scheme();
+    conn.kernel_name = k.meta.kernelspec;
+    return StoredReplica{replica_id, server_id, prepared->raft_address(),
+                         jupyter::ConnectionInfoToJson(conn)};
+  }
+
   Status LaunchReplicas(Kernel* k, const std::vector<std::string>& server_ids,
                         const std::map<std::string, std::string>& env) {
     std::vector<std::pair<daemon::DaemonClient*, std::string>> targets;
@@ -375,35 +426,17 @@ struct Gateway::Impl {
     uint32_t replica_id = 0;
     for (auto& [client, server_id] : targets) {
       ++replica_id;
-      control::PrepareReplicaRequest req;
-      req.set_kernel_id(k->meta.kernel_id);
-      req.set_replica_id(replica_id);
-      *req.mutable_resources() = ToProto(k->request);
-      req.set_key(k->meta.key);
-      auto prepared = client->PrepareReplica(req);
-      if (!prepared.ok()) {
-        return Status(prepared.status().code(), "preparing replica " + std::to_string(replica_id) +
-                                                    " on " + server_id + ": " +
-                                                    prepared.status().message());
-      }
-      jupyter::ConnectionInfo conn;
-      const control::ConnectionInfo& c = prepared->connection();
-      conn.ip = c.ip();
-      conn.transport = c.transport().empty() ? "tcp" : c.transport();
-      conn.shell_port = c.shell_port();
-      conn.iopub_port = c.iopub_port();
-      conn.stdin_port = c.stdin_port();
-      conn.control_port = c.control_port();
-      conn.hb_port = c.hb_port();
-      conn.key = c.key().empty() ? k->meta.key : c.key();
-      conn.signature_scheme = c.signature_scheme().empty() ? "hmac-sha256" : c.signature_scheme();
-      conn.kernel_name = k->meta.kernelspec;
-      k->meta.replicas.push_back(
-          {replica_id, server_id, prepared->raft_address(), jupyter::ConnectionInfoToJson(conn)});
+      auto prepared = PrepareReplica(*k, client, server_id, replica_id);
+      if (!prepared.ok()) return prepared.status();
+      k->meta.replicas.push_back(*prepared);
       control::Peer peer;
       peer.set_replica_id(replica_id);
-      peer.set_raft_address(prepared->raft_address());
+      peer.set_raft_address(prepared->raft_address);
       peers.push_back(peer);
+    }
+    {
+      std::lock_guard lock(mu);
+      k->last_replica_id = std::max(k->last_replica_id, replica_id);
     }
     for (size_t i = 0; i < targets.size(); ++i) {
       control::LaunchReplicaRequest req;
@@ -552,6 +585,202 @@ struct Gateway::Impl {
       }
     }
     return Status::Ok();
+  }
+
+  // ---------- migration (DESIGN §5) ----------
+  // Queues the core's migration plan for a cell that no replica's server can give GPUs to, unless
+  // one is queued or running for this kernel, or a failed one is backing off. mu held.
+  void MaybeStartMigration(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+    if (plan.scale_out_needed || plan.to_server_id.empty()) return;  // no host provider yet
+    auto it = kernels.find(kernel_id);
+    if (it == kernels.end()) return;
+    Kernel& k = *it->second;
+    if (k.migrating || SteadyClock::now() < k.migration_retry_after) return;
+    k.migrating = true;
+    {
+      std::lock_guard lock(monitor_mu);
+      migrations.push_back([this, kernel_id, plan] { RunMigration(kernel_id, plan); });
+    }
+    monitor_cv.notify_all();
+  }
+
+  void RunMigration(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+    std::shared_ptr<Kernel> k = FindKernel(kernel_id);
+    if (!k) return;
+    const auto migration_started = SteadyClock::now();
+    Result<uint32_t> moved = Migrate(*k, plan);
+    std::lock_guard lock(mu);
+    k->migrating = false;
+    if (!moved.ok()) {
+      k->migration_retry_after = SteadyClock::now() + kMigrationBackoff;
+      ++migrations_failed;
+      spdlog::error("kernel {}: migrating replica {} from {} to {} failed: {}", kernel_id,
+                    plan.replica_id, plan.from_server_id, plan.to_server_id,
+                    moved.status().ToString());
+      return;
+    }
+    ++migrations_done;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() -
+                                                                          migration_started);
+    migration_ms.push_back(ms.count());
+    if (migration_ms.size() > 100) migration_ms.pop_front();
+    spdlog::info("kernel {}: replica {} on {} migrated to replica {} on {} in {} ms", kernel_id,
+                 plan.replica_id, plan.from_server_id, *moved, plan.to_server_id, ms.count());
+  }
+
+  // Adds a replica on the target server to the kernel's Raft group, waits until it caught up
+  // and answers, then removes and stops the old one. Returns the new replica's id. On failure
+  // the kernel keeps its old replicas (a new one that was started is stopped again).
+  Result<uint32_t> Migrate(Kernel& k, const sched::MigrationPlan& plan) {
+    std::lock_guard op(k.op_mu);
+    std::shared_ptr<KernelSession> session = k.session;
+    if (!session) return Unavailable("the kernel has no session");
+    daemon::DaemonClient* to_client;
+    daemon::DaemonClient* from_client;
+    uint32_t new_id = 0;
+    ReplicaId via = 0;
+    {
+      std::lock_guard lock(mu);
+      to_client = ClientFor(plan.to_server_id);
+      from_client = ClientFor(plan.from_server_id);
+      new_id = ++k.last_replica_id;
+      // A live member other than the one leaving takes the membership requests.
+      for (const StoredReplica& r : k.meta.replicas) {
+        auto live = k.replica_live.find(r.replica_id);
+        if (r.replica_id != plan.replica_id && (live == k.replica_live.end() || live->second)) {
+          via = r.replica_id;
+          break;
+        }
+      }
+    }
+    if (to_client == nullptr) return Unavailable("server " + plan.to_server_id + " is gone");
+    if (via == 0) return Unavailable("no live replica to change the Raft group through");
+    // Per-step times for the log: where a slow migration spends its time.
+    std::string steps;
+    auto step_start = SteadyClock::now();
+    auto step = [&](const char* name) {
+      const auto now = SteadyClock::now();
+      steps += fmt::format(
+          " {} {} ms", name,
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - step_start).count());
+      step_start = now;
+    };
+    auto prepared = PrepareReplica(k, to_client, plan.to_server_id, new_id);
+    if (!prepared.ok()) return prepared.status();
+    control::LaunchReplicaRequest launch;
+    launch.set_kernel_id(k.meta.kernel_id);
+    launch.set_replica_id(new_id);  // no peers: it joins the running group
+    (*launch.mutable_env())["KERNEL_ID"] = k.meta.kernel_id;
+    bool member = false, linked = false;
+    auto undo = [&](Status why) -> Status {
+      if (member) {
+        (void)session->CallControl(via, "nbos_membership_request",
+                                   Json{{"op", "remove"}, {"replica_id", new_id}},
+                                   kMembershipTimeout);
+      }
+      if (linked) session->RemoveReplica(new_id);
+      control::StopReplicaRequest stop;
+      stop.set_kernel_id(k.meta.kernel_id);
+      stop.set_replica_id(new_id);
+      stop.set_keep_data(false);
+      (void)to_client->StopReplica(stop);
+      return why;
+    };
+    if (auto launched = to_client->LaunchReplica(launch); !launched.ok()) {
+      return undo(launched.status());
+    }
+    step("launch");
+    auto added = MembershipChange(
+        *session, via,
+        Json{{"op", "add"}, {"replica_id", new_id}, {"raft_address", prepared->raft_address}});
+    if (!added.ok()) return undo(added);
+    member = true;
+    step("join");
+    auto conn = jupyter::ParseConnectionInfo(prepared->connection_json);
+    if (!conn.ok()) return undo(conn.status());
+    // No execution may start while four replicas are linked (their election could fail), and
+    // none may be running when the fourth is linked.
+    session->HoldExecutions(true);
+    struct Unhold {
+      KernelSession* s;
+      ~Unhold() { s->HoldExecutions(false); }
+    } unhold{session.get()};
+    const auto drain_deadline = SteadyClock::now() + kMembershipTimeout;
+    while (ReplicaId busy = session->executing_replica()) {
+      if (busy == plan.replica_id) {
+        // A cell got GPUs on the leaving replica meanwhile: it no longer needs to move.
+        return undo(Unavailable("replica " + std::to_string(plan.replica_id) +
+                                " started executing; migration abandoned"));
+      }
+      if (SteadyClock::now() > drain_deadline) {
+        return undo(Unavailable("an execution did not finish; migration abandoned"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (Status s = session->AddReplica({new_id, plan.to_server_id, *conn}); !s.ok()) {
+      return undo(s);
+    }
+    linked = true;
+    if (Status s = session->AwaitReplicas({new_id}, kMembershipTimeout); !s.ok()) return undo(s);
+    step("answer");
+    if (Status s = MembershipChange(*session, via,
+                                    Json{{"op", "remove"}, {"replica_id", plan.replica_id}});
+        !s.ok()) {
+      return undo(s);
+    }
+    session->RemoveReplica(plan.replica_id);
+    step("leave");
+    spdlog::info("kernel {}: migration steps:{}", k.meta.kernel_id, steps);
+    if (from_client != nullptr) {
+      control::StopReplicaRequest stop;
+      stop.set_kernel_id(k.meta.kernel_id);
+      stop.set_replica_id(plan.replica_id);
+      stop.set_keep_data(false);
+      if (Status s = from_client->StopReplica(stop); !s.ok()) {
+        spdlog::warn("kernel {}: stopping the migrated replica {} on {}: {}", k.meta.kernel_id,
+                     plan.replica_id, plan.from_server_id, s.ToString());
+      }
+    }
+    {
+      std::lock_guard lock(mu);
+      std::erase_if(k.meta.replicas,
+                    [&](const StoredReplica& r) { return r.replica_id == plan.replica_id; });
+      k.meta.replicas.push_back(*prepared);
+      k.replica_live.erase(plan.replica_id);
+      k.replica_live[new_id] = true;
+      (void)scheduler.OnReplicaAdded(NowMs(), k.meta.kernel_id, new_id, plan.to_server_id);
+      (void)scheduler.OnReplicaRemoved(NowMs(), k.meta.kernel_id, plan.replica_id);
+    }
+    if (Status s = store->Put(k.meta); !s.ok()) {
+      spdlog::error("kernel {}: recording the migration: {}", k.meta.kernel_id, s.ToString());
+    }
+    return new_id;
+  }
+
+  // One nbos_membership_request through replica `via`; its error reply as a Status.
+  Status MembershipChange(KernelSession& session, ReplicaId via, Json request) {
+    const std::string what = request.dump();
+    auto reply =
+        session.CallControl(via, "nbos_membership_request", std::move(request), kMembershipTimeout);
+    if (!reply.ok()) return reply.status();
+    if (reply->value("status", "") != "ok") {
+      return Unavailable("membership change " + what +
+                         " refused: " + reply->value("evalue", reply->dump()));
+    }
+    return Status::Ok();
+  }
+
+  void Migrator() {
+    std::unique_lock lock(monitor_mu);
+    while (!stopping) {
+      monitor_cv.wait(lock, [&] { return stopping || !migrations.empty(); });
+      if (stopping) break;
+      auto f = std::move(migrations.front());
+      migrations.pop_front();
+      lock.unlock();
+      f();
+      lock.lock();
+    }
   }
 
   Status DeleteKernel(const std::string& id) {
@@ -927,6 +1156,8 @@ struct Gateway::Impl {
                {"warm_pool", warm}});
     }
     out["cluster_subscription_ratio"] = scheduler.ratio().value();
+    out["migrations"] = Json{
+        {"done", migrations_done}, {"failed", migrations_failed}, {"durations_ms", migration_ms}};
     for (const auto& [id, k] : kernels) {
       const ReplicaId executor = k->session ? k->session->current_executor() : 0;
       Json replicas = Json::array();
@@ -981,9 +1212,16 @@ struct Gateway::Impl {
                            .Name("nbos_executions_total")
                            .Help("Executions sent to replicas, and those that waited for GPUs")
                            .Register(registry);
+    auto& migrations_counter = prometheus::BuildCounter()
+                                   .Name("nbos_migrations_total")
+                                   .Help("Replica migrations by outcome")
+                                   .Register(registry);
     std::vector<std::shared_ptr<KernelSession>> sessions;
     {
       std::lock_guard lock(mu);
+      migrations_counter.Add({{"outcome", "done"}}).Increment(static_cast<double>(migrations_done));
+      migrations_counter.Add({{"outcome", "failed"}})
+          .Increment(static_cast<double>(migrations_failed));
       for (const auto& [id, view] : cluster.servers()) {
         gpus.Add({{"server", id}, {"state", "spec"}}).Set(view.spec.gpus);
         gpus.Add({{"server", id}, {"state", "committed"}}).Set(view.committed.gpus);
@@ -1025,6 +1263,8 @@ struct Gateway::Impl {
       auto k = std::make_shared<Kernel>();
       k->request = ResourcesFromJson(meta.resources, options.default_request);
       k->meta = std::move(meta);
+      for (const StoredReplica& r : k->meta.replicas)
+        k->last_replica_id = std::max(k->last_replica_id, r.replica_id);
       auto session = StartSession(k);
       if (!session.ok()) {
         spdlog::error("kernel {} could not be restored: {}", k->meta.kernel_id,
@@ -1113,6 +1353,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
   if (Status s = impl->http.Start(ho); !s.ok()) return s;
   Impl* raw = impl.get();
   impl->monitor = std::thread([raw] { raw->Monitor(); });
+  impl->migrator = std::thread([raw] { raw->Migrator(); });
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
@@ -1130,6 +1371,7 @@ void Gateway::Stop() {
   }
   impl_->monitor_cv.notify_all();
   if (impl_->monitor.joinable()) impl_->monitor.join();
+  if (impl_->migrator.joinable()) impl_->migrator.join();
   impl_->http.Stop();
   if (impl_->control_server)
     impl_->control_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <variant>
 #include <zmq.hpp>
@@ -61,12 +63,24 @@ struct KernelSession::Impl {
     int64_t sent_us = 0;
     bool stop_on_error = true;
   };
+  // Membership changes and control calls, with what the caller waits on.
+  struct LinkChange {
+    std::optional<ReplicaEndpoint> add;  // else remove
+    ReplicaId remove = 0;
+    std::shared_ptr<std::promise<Status>> done;
+  };
+  struct ControlCall {
+    ReplicaId to = 0;
+    Message request;
+    std::shared_ptr<std::promise<Json>> reply;
+  };
   using Command = std::variant<std::pair<ClientId, ClientSink>,          // attach
                                ClientId,                                 // detach
                                std::pair<ClientId, jupyter::WsMessage>,  // send
                                std::monostate,                           // interrupt
                                std::pair<ReplicaId, bool>,               // lost (false) / back
-                               std::vector<ReplicaId>>;                  // probe
+                               std::vector<ReplicaId>,                   // probe
+                               LinkChange, ControlCall>;
 
   KernelSessionOptions options;
   jupyter::Signer signer;
@@ -76,6 +90,7 @@ struct KernelSession::Impl {
   int wake_fd = -1;
   std::thread thread;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> executions_held{false};
   std::atomic<ClientId> next_client{1};
 
   mutable std::mutex mu;
@@ -84,6 +99,7 @@ struct KernelSession::Impl {
   std::string last_activity;     // guarded by mu
   int connections = 0;           // guarded by mu
   ReplicaId executor = 0;        // guarded by mu
+  ReplicaId executing = 0;       // guarded by mu: the in-flight execution's target, 0 if none
   Stats stats;                   // guarded by mu
 
   // Session thread only.
@@ -94,7 +110,9 @@ struct KernelSession::Impl {
   std::map<std::string, ClientId> reply_to;      // request msg_id -> client
   std::map<std::string, ReplicaId> input_asker;  // input_request msg_id -> replica
   std::map<std::string, ReplicaId> probes;       // kernel_info probes not yet answered
-  std::set<ReplicaId> answered_probe;            // guarded by mu
+  std::map<std::string, std::shared_ptr<std::promise<Json>>> control_calls;  // by request id
+  bool links_changed = false;          // the poll set must be rebuilt
+  std::set<ReplicaId> answered_probe;  // guarded by mu
   std::condition_variable probe_cv;
   bool shut_down = false;  // guarded by mu
   OutputMerger merger;
@@ -158,6 +176,11 @@ struct KernelSession::Impl {
   }
   void ForwardReply(Channel channel, Message reply) {
     const std::string parent = reply.parent_msg_id();
+    if (auto call = control_calls.find(parent); call != control_calls.end()) {
+      call->second->set_value(std::move(reply.content));
+      control_calls.erase(call);
+      return;
+    }
     if (auto probe = probes.find(parent); probe != probes.end()) {
       {
         std::lock_guard lock(mu);
@@ -182,6 +205,10 @@ struct KernelSession::Impl {
   void FinishExecution(Message* reply) {
     InFlight done = std::move(*in_flight);
     in_flight.reset();
+    {
+      std::lock_guard lock(mu);
+      executing = 0;
+    }
     const int64_t releasing_us = NowUs();
     if (!done.plan.grant_id.empty() && options.hooks.release) options.hooks.release(done.plan);
     Json& nbos = reply->metadata["nbos"];
@@ -238,7 +265,7 @@ struct KernelSession::Impl {
         shell_queue.pop_front();
         continue;
       }
-      if (in_flight) return;
+      if (in_flight || executions_held.load()) return;
       Json& meta = head.request.metadata;
       Json nbos = meta.value("nbos", Json::object());
       if (!nbos.is_object()) nbos = Json::object();
@@ -287,6 +314,7 @@ struct KernelSession::Impl {
       {
         std::lock_guard lock(mu);
         ++stats.executions;
+        executing = in_flight->plan.target_replica;
       }
       shell_queue.pop_front();
     }
@@ -429,6 +457,17 @@ struct KernelSession::Impl {
         SendInterrupt();
       } else if (auto* liveness = std::get_if<4>(&c)) {
         SetLive(liveness->first, liveness->second);
+      } else if (auto* change = std::get_if<6>(&c)) {
+        change->done->set_value(ApplyLinkChange(*change));
+      } else if (auto* call = std::get_if<7>(&c)) {
+        Link* link = FindLink(call->to);
+        if (link == nullptr || !link->live) {
+          call->reply->set_exception(std::make_exception_ptr(std::runtime_error("not live")));
+          continue;
+        }
+        control_calls[call->request.msg_id()] = call->reply;
+        merger.Expect(call->request.msg_id(), {call->to});
+        SendTo(link->control, call->request);
       } else if (auto* probe = std::get_if<5>(&c)) {
         for (ReplicaId r : *probe) {
           Link* link = FindLink(r);
@@ -444,6 +483,52 @@ struct KernelSession::Impl {
       std::lock_guard lock(mu);
       connections = static_cast<int>(clients.size());
     }
+  }
+
+  Status ApplyLinkChange(const LinkChange& change) {
+    if (!change.add) {
+      SetLive(change.remove, false);
+      std::erase_if(links, [&](const Link& l) { return l.endpoint.replica_id == change.remove; });
+      links_changed = true;
+      return Status::Ok();
+    }
+    if (FindLink(change.add->replica_id) != nullptr) {
+      return InvalidArgument("replica " + std::to_string(change.add->replica_id) +
+                             " is already linked");
+    }
+    try {
+      links.push_back(Connect(*change.add));
+    } catch (const zmq::error_t& e) {
+      return Unavailable(std::string("connecting to the new replica: ") + e.what());
+    }
+    merger.OnReplicaBack(change.add->replica_id);
+    links_changed = true;
+    return Status::Ok();
+  }
+
+  // Sockets to one replica (throws zmq::error_t).
+  Link Connect(const ReplicaEndpoint& ep) {
+    Link l;
+    l.endpoint = ep;
+    const std::string identity = "nbos-gateway-" + options.kernel_id;
+    l.shell = zmq::socket_t(context, zmq::socket_type::dealer);
+    l.control = zmq::socket_t(context, zmq::socket_type::dealer);
+    l.stdin_socket = zmq::socket_t(context, zmq::socket_type::dealer);
+    l.iopub = zmq::socket_t(context, zmq::socket_type::sub);
+    // The shell and stdin identities must match: a kernel sends input_request to the stdin
+    // identity of the shell requester.
+    l.shell.set(zmq::sockopt::routing_id, identity);
+    l.stdin_socket.set(zmq::sockopt::routing_id, identity);
+    l.iopub.set(zmq::sockopt::subscribe, "");
+    for (zmq::socket_t* s : {&l.shell, &l.control, &l.stdin_socket, &l.iopub}) {
+      s->set(zmq::sockopt::linger, 0);
+      s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.max_message_bytes));
+    }
+    l.shell.connect(ep.connection.Endpoint(ep.connection.shell_port));
+    l.control.connect(ep.connection.Endpoint(ep.connection.control_port));
+    l.stdin_socket.connect(ep.connection.Endpoint(ep.connection.stdin_port));
+    l.iopub.connect(ep.connection.Endpoint(ep.connection.iopub_port));
+    return l;
   }
 
   std::optional<Message> Receive(zmq::socket_t& socket, const char* what, ReplicaId r) {
@@ -463,14 +548,23 @@ struct KernelSession::Impl {
     return std::move(*m);
   }
 
-  void Run() {
+  std::vector<zmq::pollitem_t> PollItems() {
     std::vector<zmq::pollitem_t> items;
     for (Link& l : links) {
       for (zmq::socket_t* s : {&l.shell, &l.control, &l.stdin_socket, &l.iopub})
         items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
     }
     items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+    return items;
+  }
+
+  void Run() {
+    std::vector<zmq::pollitem_t> items = PollItems();
     while (!stopping.load()) {
+      if (links_changed) {
+        items = PollItems();
+        links_changed = false;
+      }
       const bool waiting = !shell_queue.empty() && !in_flight;
       const int ready = zmq::poll(items.data(), items.size(),
                                   std::chrono::milliseconds(waiting ? kReplanIntervalMs : 500));
@@ -478,6 +572,7 @@ struct KernelSession::Impl {
         uint64_t n;
         (void)!read(wake_fd, &n, sizeof(n));
         RunCommands();
+        if (links_changed) continue;  // the poll results no longer match the links
       }
       for (size_t i = 0; i < links.size(); ++i) {
         Link& l = links[i];
@@ -520,29 +615,8 @@ Result<std::unique_ptr<KernelSession>> KernelSession::Start(KernelSessionOptions
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Internal("eventfd failed");
   try {
-    for (const ReplicaEndpoint& ep : impl->options.replicas) {
-      Impl::Link l;
-      l.endpoint = ep;
-      const std::string identity = "nbos-gateway-" + impl->options.kernel_id;
-      l.shell = zmq::socket_t(impl->context, zmq::socket_type::dealer);
-      l.control = zmq::socket_t(impl->context, zmq::socket_type::dealer);
-      l.stdin_socket = zmq::socket_t(impl->context, zmq::socket_type::dealer);
-      l.iopub = zmq::socket_t(impl->context, zmq::socket_type::sub);
-      // The shell and stdin identities must match: a kernel sends input_request to the stdin
-      // identity of the shell requester.
-      l.shell.set(zmq::sockopt::routing_id, identity);
-      l.stdin_socket.set(zmq::sockopt::routing_id, identity);
-      l.iopub.set(zmq::sockopt::subscribe, "");
-      for (zmq::socket_t* s : {&l.shell, &l.control, &l.stdin_socket, &l.iopub}) {
-        s->set(zmq::sockopt::linger, 0);
-        s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(impl->options.max_message_bytes));
-      }
-      l.shell.connect(ep.connection.Endpoint(ep.connection.shell_port));
-      l.control.connect(ep.connection.Endpoint(ep.connection.control_port));
-      l.stdin_socket.connect(ep.connection.Endpoint(ep.connection.stdin_port));
-      l.iopub.connect(ep.connection.Endpoint(ep.connection.iopub_port));
-      impl->links.push_back(std::move(l));
-    }
+    for (const ReplicaEndpoint& ep : impl->options.replicas)
+      impl->links.push_back(impl->Connect(ep));
   } catch (const zmq::error_t& e) {
     return Unavailable(std::string("connecting to the kernel's replicas: ") + e.what());
   }
@@ -582,6 +656,61 @@ Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout,
                                     const std::function<Status()>& check) {
   std::vector<ReplicaId> all;
   for (const auto& ep : impl_->options.replicas) all.push_back(ep.replica_id);
+  return AwaitSome(all, timeout, check);
+}
+
+Status KernelSession::AwaitReplicas(const std::vector<ReplicaId>& replicas,
+                                    std::chrono::milliseconds timeout) {
+  return AwaitSome(replicas, timeout, nullptr);
+}
+
+Status KernelSession::ChangeLinks(std::optional<ReplicaEndpoint> add, ReplicaId remove) {
+  auto done = std::make_shared<std::promise<Status>>();
+  auto result = done->get_future();
+  impl_->Post(Impl::LinkChange{std::move(add), remove, done});
+  // The session thread answers within one poll round unless it stopped.
+  while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->shut_down) {
+      return Unavailable("kernel " + impl_->options.kernel_id + " is shutting down");
+    }
+  }
+  return result.get();
+}
+
+Status KernelSession::AddReplica(const ReplicaEndpoint& replica) { return ChangeLinks(replica, 0); }
+
+void KernelSession::RemoveReplica(ReplicaId replica) { (void)ChangeLinks(std::nullopt, replica); }
+
+void KernelSession::HoldExecutions(bool hold) {
+  impl_->executions_held = hold;
+  if (!hold) impl_->Wake();  // a waiting execution may start now
+}
+
+Result<jupyter::Json> KernelSession::CallControl(ReplicaId to, const std::string& msg_type,
+                                                 jupyter::Json content,
+                                                 std::chrono::milliseconds timeout) {
+  auto reply = std::make_shared<std::promise<Json>>();
+  auto result = reply->get_future();
+  impl_->Post(Impl::ControlCall{
+      to, impl_->factory.Make(msg_type, std::move(content), Json::object()), reply});
+  if (result.wait_for(timeout) != std::future_status::ready) {
+    return Unavailable("replica " + std::to_string(to) + " did not answer " + msg_type + " in " +
+                       std::to_string(timeout.count()) + " ms");
+  }
+  try {
+    return result.get();
+  } catch (const std::future_error&) {
+    return Unavailable("kernel " + impl_->options.kernel_id + " is shutting down");
+  } catch (const std::runtime_error&) {
+    return NotFound("replica " + std::to_string(to) + " is not a live replica of kernel " +
+                    impl_->options.kernel_id);
+  }
+}
+
+Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,
+                                std::chrono::milliseconds timeout,
+                                const std::function<Status()>& check) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lock(impl_->mu);
   impl_->answered_probe.clear();
@@ -647,6 +776,10 @@ int KernelSession::connections() const {
 ReplicaId KernelSession::current_executor() const {
   std::lock_guard lock(impl_->mu);
   return impl_->executor;
+}
+ReplicaId KernelSession::executing_replica() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->executing;
 }
 KernelSession::Stats KernelSession::stats() const {
   std::lock_guard lock(impl_->mu);

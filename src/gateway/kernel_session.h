@@ -100,10 +100,28 @@ class KernelSession {
   void ReplicaLost(ReplicaId replica);
   void ReplicaBack(ReplicaId replica);
 
+  // Migration: links a new replica (it gets every later execution, like the others), or drops
+  // one (as if lost, then forgotten). Returns once the session thread applied the change.
+  // AddReplica: InvalidArgument for a known replica id, Unavailable when it cannot connect.
+  Status AddReplica(const ReplicaEndpoint& replica);
+  void RemoveReplica(ReplicaId replica);
+  // Sends `msg_type` with `content` on `to`'s control channel and waits for its reply's content.
+  // Errors: NotFound (no such live replica), Unavailable (no reply within `timeout`, or the
+  // session shut down).
+  Result<jupyter::Json> CallControl(ReplicaId to, const std::string& msg_type,
+                                    jupyter::Json content, std::chrono::milliseconds timeout);
+  // While held, no new execution starts (others requests flow); an execution in flight goes on.
+  // Migration holds executions while the kernel has four linked replicas: an election among
+  // four could fail.
+  void HoldExecutions(bool hold);
+  // Probes only `replicas` (see AwaitReplicas).
+  Status AwaitReplicas(const std::vector<ReplicaId>& replicas, std::chrono::milliseconds timeout);
+
   std::string execution_state() const;  // "idle" | "busy" | "starting"
   std::string last_activity() const;    // ISO 8601 with microseconds and Z
   int connections() const;
   ReplicaId current_executor() const;
+  ReplicaId executing_replica() const;  // the in-flight execution's target; 0 when none
   struct Stats {
     uint64_t executions = 0;
     uint64_t waited_for_gpus = 0;  // executions that could not be planned at once
@@ -113,6 +131,10 @@ class KernelSession {
  private:
   struct Impl;
   explicit KernelSession(std::unique_ptr<Impl> impl);
+  Status AwaitSome(const std::vector<ReplicaId>& replicas, std::chrono::milliseconds timeout,
+                   const std::function<Status()>& check);
+  // Runs a link change on the session thread and waits for it (Unavailable after shutdown).
+  Status ChangeLinks(std::optional<ReplicaEndpoint> add, ReplicaId remove);
   std::unique_ptr<Impl> impl_;
 };
 

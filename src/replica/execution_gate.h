@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "jupyter/message.h"
+#include "replica/membership.h"
 
 namespace nbos::replica {
 
@@ -46,6 +47,11 @@ class ExecutionGate {
   virtual void Cancel(const std::string& exec_id) = 0;
   // Extra execute_reply metadata naming the executor and this replica's role.
   virtual jupyter::Json ReplyMetadata(const Decision& decision) = 0;
+  // Applies `change` to the kernel's replica group through its leader and returns once it is
+  // committed (for kAdd: once the new replica is a voter, i.e. caught up). Thread-safe and
+  // without the GIL: runs on the control thread, not the engine's. Errors: kInvalidArgument
+  // (the change makes no sense for this group), kUnavailable (no leader, not done in time).
+  virtual Status ChangeMembership(const MembershipChange& change) = 0;
 };
 
 }  // namespace nbos::replica

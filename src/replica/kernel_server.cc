@@ -581,6 +581,28 @@ void KernelServer::HandleControl(Message request) {
     // The executor of this execution is gone: stop waiting for it.
     options_.gate->Cancel(request.content.value("exec_id", ""));
     SendReply(socket, request, R"({"status":"ok"})");
+  } else if (type == "nbos_membership_request") {
+    // Live migration: blocks this channel until the change committed (a new replica's catch-up
+    // included); interrupts sent meanwhile wait.
+    Status s;
+    auto change = ParseMembershipRequest(request.content);
+    if (!change.ok()) {
+      s = change.status();
+    } else if (options_.gate == nullptr) {
+      s = InvalidArgument("this kernel is not replicated: it has no members to change");
+    } else {
+      s = options_.gate->ChangeMembership(*change);
+    }
+    Json content{{"status", "ok"}};
+    if (!s.ok()) {
+      spdlog::warn("membership request refused: {}", s.ToString());
+      content =
+          Json{{"status", "error"},
+               {"ename", s.code() == StatusCode::kInvalidArgument ? "ValueError" : "RuntimeError"},
+               {"evalue", s.message()},
+               {"traceback", Json::array()}};
+    }
+    SendReply(socket, request, Dump(content));
   } else if (type == "shutdown_request") {
     bool restart = request.content.value("restart", false);
     Json content{{"status", "ok"}, {"restart", restart}};

@@ -11,6 +11,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "replica/membership.h"
+
 namespace nbos::replica {
 
 namespace {
@@ -19,6 +21,40 @@ using namespace std::chrono_literals;
 
 // How long a member serving a forwarded proposal waits for its commit before answering.
 constexpr auto kServeCommitTimeout = 10s;
+// How long the leader works on a forwarded membership change (a promotion waits for C-Raft to
+// catch the new member up) before answering kUnavailable; the asking member may then retry.
+constexpr auto kServeChangeTimeout = 60s;
+// Where membership-change workers hand their answers to the serving thread.
+constexpr const char* kChangeResults = "inproc://nbos-membership-results";
+
+// The status word of a membership answer on the wire, and back.
+std::string StatusWord(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    default:
+      return "error";
+  }
+}
+
+Status FromWire(const std::string& word, std::string message) {
+  if (word == "ok") return Status::Ok();
+  if (word == "invalid") return InvalidArgument(std::move(message));
+  if (word == "unavailable") return Unavailable(std::move(message));
+  return Internal(std::move(message));
+}
+
+const replication::Member* FindMember(const std::vector<replication::Member>& members,
+                                      replication::ServerId id) {
+  for (const auto& m : members) {
+    if (m.id == id) return &m;
+  }
+  return nullptr;
+}
 
 // Proposes every command (they go out as one batch) and waits for the last one's commit.
 Result<uint64_t> ProposeLocally(replication::RaftNode* node, std::vector<std::string> commands,
@@ -71,18 +107,49 @@ struct ProposalRouter::Impl {
   uint64_t next_seq = 0;
   std::atomic<uint64_t>* served = nullptr;
 
+  // Membership changes. Those served for other members run on a worker, one at a time, so the
+  // serving loop keeps forwarding proposals meanwhile; answers come back through `results`.
+  zmq::socket_t results;  // PULL on kChangeResults, serving thread only
+  std::thread change_thread;
+  std::atomic<bool> change_busy{false};
+  std::atomic<bool> stopping{false};
+  std::mutex change_mu;         // serialises the changes this member makes as leader
+  std::mutex change_client_mu;  // serialises AddMember/RemoveMember; guards change_clients
+  std::map<std::string, zmq::socket_t> change_clients;
+  uint64_t next_change_seq = 0;
+
   void Serve() {
     for (;;) {
+      std::array<zmq::pollitem_t, 2> items{
+          {{server.handle(), 0, ZMQ_POLLIN, 0}, {results.handle(), 0, ZMQ_POLLIN, 0}}};
       std::vector<zmq::message_t> parts;
       try {
-        if (!zmq::recv_multipart(server, std::back_inserter(parts))) continue;
+        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
+        if (items[1].revents & ZMQ_POLLIN) {
+          // A worker's answer, already [identity, seq, status, message]: pass it on.
+          std::vector<zmq::message_t> answer;
+          if (zmq::recv_multipart(results, std::back_inserter(answer))) {
+            zmq::send_multipart(server, answer);
+          }
+        }
+        if (!(items[0].revents & ZMQ_POLLIN)) continue;
+        if (!zmq::recv_multipart(server, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+          continue;
+        }
       } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) continue;
+        if (e.num() == EINTR || e.num() == EAGAIN) continue;
         return;  // ETERM: stopping
       }
       // [identity, seq, command...] -> [identity, seq, "ok"|"error", last index|message]
       // [identity, seq, "", "transfer", id] -> [identity, seq, "ok"|"error", message]
+      // [identity, seq, "", "add", id, address] and [identity, seq, "", "remove", id]
+      //   -> [identity, seq, "ok"|"invalid"|"unavailable"|"error", message], maybe later
       if (parts.size() < 3) continue;
+      if (parts[2].size() == 0 && parts.size() >= 5 &&
+          (parts[3].to_string() == "add" || parts[3].to_string() == "remove")) {
+        ServeChange(std::move(parts));
+        continue;
+      }
       std::string status, body;
       if (parts.size() == 5 && parts[2].size() == 0 && parts[3].to_string() == "transfer") {
         Status s = TransferLocally(std::strtoull(parts[4].to_string().c_str(), nullptr, 10));
@@ -108,6 +175,205 @@ struct ProposalRouter::Impl {
         return;
       }
     }
+  }
+
+  // Starts a worker for a forwarded membership change, or answers at once.
+  void ServeChange(std::vector<zmq::message_t> parts) {
+    const std::string op = parts[3].to_string();
+    replication::Member member;
+    member.id = std::strtoull(parts[4].to_string().c_str(), nullptr, 10);
+    Status refused;
+    if (op == "add" && parts.size() == 6) {
+      member.address = parts[5].to_string();
+    } else if (op == "add" || parts.size() != 5) {
+      refused = InvalidArgument("malformed membership request");
+    }
+    if (refused.ok() && change_busy.load()) {
+      refused = Unavailable("another membership change is in progress on the leader");
+    }
+    if (!refused.ok()) {
+      std::array<zmq::const_buffer, 4> reply{zmq::buffer(parts[0].data(), parts[0].size()),
+                                             zmq::buffer(parts[1].data(), parts[1].size()),
+                                             zmq::buffer(StatusWord(refused)),
+                                             zmq::buffer(refused.message())};
+      try {
+        zmq::send_multipart(server, reply);
+      } catch (const zmq::error_t&) {
+      }
+      return;
+    }
+    if (change_thread.joinable()) change_thread.join();  // finished: change_busy was false
+    change_busy = true;
+    change_thread = std::thread(
+        [this, op, member, identity = parts[0].to_string(), seq = parts[1].to_string()] {
+          const auto deadline = std::chrono::steady_clock::now() + kServeChangeTimeout;
+          Status s;
+          {
+            std::lock_guard lock(change_mu);
+            s = op == "add" ? AddLocally(member, deadline) : RemoveLocally(member.id, deadline);
+          }
+          try {
+            zmq::socket_t push(ctx, zmq::socket_type::push);
+            push.set(zmq::sockopt::linger, 0);
+            push.connect(kChangeResults);
+            std::array<zmq::const_buffer, 4> answer{zmq::buffer(identity), zmq::buffer(seq),
+                                                    zmq::buffer(StatusWord(s)),
+                                                    zmq::buffer(s.message())};
+            zmq::send_multipart(push, answer);
+          } catch (const zmq::error_t&) {
+            // Stopping: the asking member times out and retries elsewhere.
+          }
+          change_busy = false;
+        });
+  }
+
+  // Runs one asynchronous log operation and waits for it until `deadline` or until stopping.
+  Status Await(const std::function<void(replication::ReplicatedLog::Done)>& start,
+               std::chrono::steady_clock::time_point deadline, const std::string& what) {
+    auto promise = std::make_shared<std::promise<Status>>();
+    auto future = promise->get_future();
+    start([promise](Status s) { promise->set_value(std::move(s)); });
+    while (future.wait_for(50ms) != std::future_status::ready) {
+      if (stopping.load()) return Unavailable(what + ": member is stopping");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Unavailable(what + " did not finish in time");
+      }
+    }
+    return future.get();
+  }
+
+  // On the leader (else kUnavailable from the log): see ProposalRouter::AddMember.
+  Status AddLocally(const replication::Member& member,
+                    std::chrono::steady_clock::time_point deadline) {
+    if (member.id == 0) return InvalidArgument("replica id must be positive");
+    if (!IsRaftAddress(member.address)) {
+      return InvalidArgument("raft address '" + member.address + "' is not IPv4:port");
+    }
+    const std::string name = "replica " + std::to_string(member.id);
+    std::vector<replication::Member> members = node->Members();
+    for (const auto& m : members) {
+      if (m.address == member.address && m.id != member.id) {
+        return InvalidArgument("raft address " + member.address + " already belongs to replica " +
+                               std::to_string(m.id));
+      }
+    }
+    const replication::Member* existing = FindMember(members, member.id);
+    if (existing != nullptr && existing->address != member.address) {
+      return InvalidArgument(name + " is already a member at " + existing->address);
+    }
+    if (existing != nullptr && existing->role == replication::Role::kVoter) return Status::Ok();
+    if (existing == nullptr) {
+      Status added = Await(
+          [&](replication::ReplicatedLog::Done done) { node->AddSpare(member, std::move(done)); },
+          deadline, "adding " + name);
+      if (!added.ok()) return added;
+    }
+    // C-Raft catches the spare up (snapshot, then entries) before the promotion is appended.
+    return Await(
+        [&](replication::ReplicatedLog::Done done) {
+          node->Assign(member.id, replication::Role::kVoter, std::move(done));
+        },
+        deadline, "promoting " + name + " to voter");
+  }
+
+  // On the leader (else kUnavailable from the log): see ProposalRouter::RemoveMember. When `id`
+  // is this member, hands leadership over and answers kUnavailable so that the caller retries
+  // with the new leader.
+  Status RemoveLocally(replication::ServerId id, std::chrono::steady_clock::time_point deadline) {
+    if (id == 0) return InvalidArgument("replica id must be positive");
+    const std::string name = "replica " + std::to_string(id);
+    std::vector<replication::Member> members = node->Members();
+    const replication::Member* target = FindMember(members, id);
+    if (target == nullptr) return Status::Ok();  // already gone
+    std::vector<replication::ServerId> other_voters;
+    for (const auto& m : members) {
+      if (m.role == replication::Role::kVoter && m.id != id) other_voters.push_back(m.id);
+    }
+    if (target->role == replication::Role::kVoter && other_voters.empty()) {
+      return InvalidArgument("cannot remove " + name + ": it is the only voter");
+    }
+    if (id == node->id()) {
+      const replication::ServerId to = other_voters.front();
+      Status moved = Await(
+          [&](replication::ReplicatedLog::Done done) {
+            node->TransferLeadership(to, std::move(done));
+          },
+          deadline, "handing leadership to replica " + std::to_string(to));
+      if (!moved.ok()) return Unavailable(moved.message());
+      return Unavailable("leader " + name + " handed leadership to replica " + std::to_string(to) +
+                         " before its removal");
+    }
+    return Await([&](replication::ReplicatedLog::Done done) { node->Remove(id, std::move(done)); },
+                 deadline, "removing " + name);
+  }
+
+  // Runs a membership change on the leader: here through `local` if this member leads, else by
+  // forwarding `request` (the frames after seq) to it. Retries kUnavailable answers (leader
+  // moved, change in progress) until `timeout`.
+  Status ChangeThroughLeader(
+      const std::vector<std::string>& request,
+      const std::function<Status(std::chrono::steady_clock::time_point)>& local,
+      std::chrono::milliseconds timeout) {
+    std::lock_guard client_lock(change_client_mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    Status last = Unavailable("no leader");
+    while (std::chrono::steady_clock::now() < deadline && !stopping.load()) {
+      replication::Member leader = node->Leader();
+      if (leader.id == 0) {
+        std::this_thread::sleep_for(10ms);  // an election is under way
+        continue;
+      }
+      if (leader.address == self_address) {
+        Status s;
+        {
+          std::lock_guard lock(change_mu);
+          s = local(deadline);
+        }
+        if (s.code() != StatusCode::kUnavailable) return s;
+        last = s;
+        std::this_thread::sleep_for(20ms);
+        continue;
+      }
+      const std::string endpoint = PeerEndpointFor(leader.address);
+      auto it = change_clients.find(endpoint);
+      if (it == change_clients.end()) {
+        zmq::socket_t socket(ctx, zmq::socket_type::dealer);
+        socket.set(zmq::sockopt::linger, 0);
+        socket.connect(endpoint);
+        it = change_clients.emplace(endpoint, std::move(socket)).first;
+      }
+      zmq::socket_t& client = it->second;
+      const std::string seq = std::to_string(++next_change_seq);
+      std::vector<zmq::const_buffer> frames{zmq::buffer(seq), zmq::const_buffer(nullptr, 0)};
+      for (const auto& f : request) frames.push_back(zmq::buffer(f));
+      zmq::send_multipart(client, frames);
+      // A change can take long (catch-up), so wait until the deadline, but give up on a leader
+      // that is no longer the leader.
+      last = Unavailable("leader " + leader.address + " did not answer");
+      bool answered = false;
+      while (!answered && !stopping.load()) {
+        auto wait = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - std::chrono::steady_clock::now()),
+                             std::chrono::milliseconds(500));
+        if (wait.count() <= 0) break;
+        zmq::pollitem_t item{client.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, wait) <= 0) {
+          if (node->Leader().id != leader.id) break;
+          continue;
+        }
+        std::vector<zmq::message_t> parts;
+        if (!zmq::recv_multipart(client, std::back_inserter(parts))) break;
+        if (parts.size() != 3 || parts[0].to_string() != seq) continue;
+        Status s = FromWire(parts[1].to_string(),
+                            "leader " + leader.address + ": " + parts[2].to_string());
+        if (s.code() != StatusCode::kUnavailable) return s;
+        last = s;
+        answered = true;
+      }
+      if (!answered) change_clients.erase(endpoint);  // stale answers must not confuse a retry
+      std::this_thread::sleep_for(50ms);
+    }
+    return Unavailable("membership change not completed in time: " + last.message());
   }
 
   Status TransferLocally(replication::ServerId to) {
@@ -148,6 +414,9 @@ Result<std::unique_ptr<ProposalRouter>> ProposalRouter::Start(replication::RaftN
     impl->server = zmq::socket_t(impl->ctx, zmq::socket_type::router);
     impl->server.set(zmq::sockopt::linger, 0);
     impl->server.bind(endpoint);
+    impl->results = zmq::socket_t(impl->ctx, zmq::socket_type::pull);
+    impl->results.set(zmq::sockopt::linger, 0);
+    impl->results.bind(kChangeResults);
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot bind peer endpoint " + endpoint + ": " + e.what());
   }
@@ -158,11 +427,16 @@ Result<std::unique_ptr<ProposalRouter>> ProposalRouter::Start(replication::RaftN
 }
 
 ProposalRouter::~ProposalRouter() {
+  impl_->stopping = true;
   impl_->ctx.shutdown();
   if (impl_->serve_thread.joinable()) impl_->serve_thread.join();
+  if (impl_->change_thread.joinable()) impl_->change_thread.join();
   impl_->server.close();
+  impl_->results.close();
   std::lock_guard lock(impl_->client_mu);
   impl_->clients.clear();
+  std::lock_guard change_lock(impl_->change_client_mu);
+  impl_->change_clients.clear();
   impl_->ctx.close();
 }
 
@@ -255,6 +529,32 @@ Status ProposalRouter::RequestLeadership(replication::ServerId self,
   }
   impl_->clients.erase(endpoint);
   return Unavailable("leader " + leader.address + " did not answer a leadership request");
+}
+
+Status ProposalRouter::AddMember(const replication::Member& member,
+                                 std::chrono::milliseconds timeout) {
+  if (member.id == 0) return InvalidArgument("replica id must be positive");
+  if (!IsRaftAddress(member.address)) {
+    return InvalidArgument("raft address '" + member.address + "' is not IPv4:port");
+  }
+  Impl* p = impl_.get();
+  return p->ChangeThroughLeader(
+      {"add", std::to_string(member.id), member.address},
+      [p, &member](std::chrono::steady_clock::time_point deadline) {
+        return p->AddLocally(member, deadline);
+      },
+      timeout);
+}
+
+Status ProposalRouter::RemoveMember(replication::ServerId id, std::chrono::milliseconds timeout) {
+  if (id == 0) return InvalidArgument("replica id must be positive");
+  Impl* p = impl_.get();
+  return p->ChangeThroughLeader(
+      {"remove", std::to_string(id)},
+      [p, id](std::chrono::steady_clock::time_point deadline) {
+        return p->RemoveLocally(id, deadline);
+      },
+      timeout);
 }
 
 }  // namespace nbos::replica

@@ -1,11 +1,13 @@
 // Gets commands into a replicated log from any member. C-Raft accepts proposals only on the
 // leader, but the replica that must propose (the executor's LEAD, its delta) is often not the
 // leader. Every member serves forwarded proposals on its peer endpoint, which by convention is
-// its Raft port + 1 on the same IP; a follower sends its command there and waits.
+// its Raft port + 1 on the same IP; a follower sends its command there and waits. Membership
+// changes (a replica added or removed during a migration) go to the leader the same way.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,6 +41,20 @@ class ProposalRouter {
   // when the leader answered; the election that follows completes on its own. Errors:
   // kUnavailable (no leader, no answer) or the leader's refusal.
   Status RequestLeadership(replication::ServerId self, std::chrono::milliseconds timeout);
+
+  // Makes `member` a voter through the current leader: the leader adds it as a spare, then
+  // promotes it, which C-Raft does only after catching it up (snapshot and entries). Returns once
+  // the configuration with `member` as a voter is committed. Idempotent: a member that already
+  // is a voter at the same address is ok, a spare or standby at that address is promoted.
+  // Errors: kInvalidArgument (id 0, malformed address, id present at another address, address
+  // used by another id), kUnavailable (no leader, no answer, catch-up not finished by `timeout`),
+  // kInternal (C-Raft refused).
+  Status AddMember(const replication::Member& member, std::chrono::milliseconds timeout);
+  // Removes member `id` through the current leader and returns once the change is committed. If
+  // `id` leads, it first hands leadership to another voter and the new leader removes it.
+  // Idempotent: an id that is not a member is ok. Errors: kInvalidArgument (id 0, or `id` is the
+  // only voter), kUnavailable, kInternal as for AddMember.
+  Status RemoveMember(replication::ServerId id, std::chrono::milliseconds timeout);
 
   uint64_t forwarded_served() const { return served_.load(); }
 

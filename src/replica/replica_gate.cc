@@ -337,4 +337,14 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
                 {"role", decision.role == Role::kExecute ? "executor" : "standby"}}}};
 }
 
+Status ReplicaGate::ChangeMembership(const MembershipChange& change) {
+  if (change.op == MembershipChange::Op::kAdd) {
+    spdlog::info("adding replica {} at {}", change.replica_id, change.raft_address);
+    return router_->AddMember({change.replica_id, change.raft_address, replication::Role::kVoter},
+                              options_.membership_timeout);
+  }
+  spdlog::info("removing replica {}", change.replica_id);
+  return router_->RemoveMember(change.replica_id, options_.membership_timeout);
+}
+
 }  // namespace nbos::replica

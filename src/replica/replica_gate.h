@@ -42,6 +42,8 @@ struct ReplicaOptions {
   unsigned snapshot_threshold = 1024;  // Raft entries between snapshots
   // After executing a cell, ask to become Raft leader (see ReplicaGate::Pump).
   bool lead_follows_executor = true;
+  // How long a membership change may take (a new replica's catch-up included).
+  std::chrono::milliseconds membership_timeout{90000};
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -57,6 +59,10 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void Pump() override;
   void Cancel(const std::string& exec_id) override;
   jupyter::Json ReplyMetadata(const Decision& decision) override;
+  // Adds (AddSpare, then promotion to voter after catch-up) or removes a member through the
+  // leader; see ProposalRouter::AddMember and RemoveMember for idempotency and errors. Waits at
+  // most ReplicaOptions::membership_timeout.
+  Status ChangeMembership(const MembershipChange& change) override;
 
  private:
   struct Event {

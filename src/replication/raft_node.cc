@@ -34,6 +34,17 @@ int RaftRole(Role role) {
   return RAFT_SPARE;
 }
 
+Role RoleOf(int raft_role) {
+  switch (raft_role) {
+    case RAFT_VOTER:
+      return Role::kVoter;
+    case RAFT_STANDBY:
+      return Role::kStandby;
+    default:
+      return Role::kSpare;
+  }
+}
+
 }  // namespace
 
 struct RaftNode::Impl {
@@ -463,6 +474,22 @@ Member RaftNode::Leader() {
 uint64_t RaftNode::LastApplied() {
   Impl* p = impl_.get();
   return p->Call<uint64_t>([p] { return static_cast<uint64_t>(raft_last_applied(&p->raft)); }, 0);
+}
+
+std::vector<Member> RaftNode::Members() {
+  Impl* p = impl_.get();
+  return p->Call<std::vector<Member>>(
+      [p] {
+        std::vector<Member> members;
+        if (p->raft_closing) return members;
+        const struct raft_configuration& conf = p->raft.configuration;
+        for (unsigned i = 0; i < conf.n; ++i) {
+          const struct raft_server& s = conf.servers[i];
+          members.push_back({s.id, s.address ? s.address : "", RoleOf(s.role)});
+        }
+        return members;
+      },
+      {});
 }
 
 }  // namespace nbos::replication

@@ -54,6 +54,9 @@ class RaftNode final : public ReplicatedLog {
   Member Leader() override;
   // Index of the last command applied on this member. Thread-safe.
   uint64_t LastApplied();
+  // The configuration as this member knows it: the latest one it appended, committed or not
+  // (C-Raft's view). Empty for a member that has not joined yet or is closed. Thread-safe.
+  std::vector<Member> Members();
 
  private:
   struct Impl;

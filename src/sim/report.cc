@@ -143,6 +143,18 @@ std::string MarkdownReport(const std::vector<SimResult>& results, const std::str
         r.peak_servers, r.mean_servers, r.provider_cost_usd, r.revenue_usd, r.margin_pct);
   }
   md +=
+      "\nWhy cells were not immediate (counts of cells; docs/decisions/0004-simulator.md):\n\n"
+      "| policy | idle reclaim (min) | not immediate | migrated at once | waited, migration | "
+      "waited, placement | other | of them whole-host cells |\n|---|---|---|---|---|---|---|---|\n";
+  for (const SimResult& r : results) {
+    md +=
+        fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", r.policy,
+                    r.idle_reclaim_min == 0 ? "none" : std::to_string(r.idle_reclaim_min),
+                    r.late_migrated + r.late_migration_wait + r.late_placement_wait + r.late_other,
+                    r.late_migrated, r.late_migration_wait, r.late_placement_wait, r.late_other,
+                    r.late_whole_host);
+  }
+  md +=
       "\n![interactivity delay CDF](delay_cdf.svg)\n\n![task completion time CDF](tct_cdf.svg)"
       "\n\n![servers over time](servers.svg)\n";
   return md;

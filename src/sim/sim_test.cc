@@ -34,6 +34,10 @@ SimOptions Opts(Policy p) {
   return o;
 }
 
+int64_t NotImmediate(const SimResult& r) {
+  return r.late_migrated + r.late_migration_wait + r.late_placement_wait + r.late_other;
+}
+
 TEST(SimTest, OracleIsPolicyIndependent) {
   for (Policy p :
        {Policy::kReservation, Policy::kBatch, Policy::kNotebookOS, Policy::kNotebookOSLcp}) {
@@ -69,9 +73,9 @@ TEST(SimTest, NotebookOSBindsOnlyWhileCellsRun) {
 TEST(SimTest, BatchPaysStartAndRestoreOnTheCriticalPath) {
   auto r = Simulate(Tiny(), Opts(Policy::kBatch));
   ASSERT_TRUE(r.ok());
-  // First cells: process start (8 s); a's second cell: start + restore (11 s).
-  EXPECT_DOUBLE_EQ(r->delay_cdf_s.front(), 8.0);
-  EXPECT_DOUBLE_EQ(r->delay_cdf_s.back(), 11.0);
+  // First cells: process start (1.3 s); a's second cell: start + restore (4.3 s).
+  EXPECT_DOUBLE_EQ(r->delay_cdf_s.front(), 1.3);
+  EXPECT_DOUBLE_EQ(r->delay_cdf_s.back(), 4.3);
   EXPECT_DOUBLE_EQ(r->pct_executor_reuse, 0.0);
 }
 
@@ -97,6 +101,75 @@ TEST(SimTest, ContentionForcesMigrationOrScaleOut) {
   EXPECT_EQ(r->cells_failed, 0);
   EXPECT_LT(r->pct_immediate, 100.0);
   EXPECT_GE(r->migrations + r->hosts_added, 1);
+  // The causes account for every late cell.
+  EXPECT_NEAR(100.0 * static_cast<double>(r->cells - NotImmediate(*r)) / r->cells, r->pct_immediate,
+              1e-9);
+}
+
+// n sessions, each opening at 0 with one whole-host cell at 60 s lasting 30 min.
+Workload WholeHostBurst(int n) {
+  Workload w;
+  for (int i = 0; i < n; ++i) {
+    w.sessions.push_back(
+        Session{"s" + std::to_string(i), 0, 60000 + 1800000, 8, {{60000, 1800000, 8}}});
+  }
+  return w;
+}
+
+TEST(SimTest, CellsWaitingAtOnceGetTheirServersInOneProvisioningRound) {
+  // 6 whole-host cells at once on 3 hosts: 3 wait for scale-out. Each needs its own server, so
+  // all 3 must be requested together (one provisioning delay), not one per round.
+  for (Policy p : {Policy::kBatch, Policy::kNotebookOS}) {
+    SimOptions o = Opts(p);
+    o.auto_scaling = false;  // only the reactive path adds servers
+    auto r = Simulate(WholeHostBurst(6), o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->cells_failed, 0);
+    EXPECT_EQ(r->hosts_added, 3) << PolicyName(p);
+    const double provision_s = static_cast<double>(o.config.provision_ms) / 1000;
+    EXPECT_GT(r->delay_cdf_s.back(), provision_s) << PolicyName(p);
+    EXPECT_LT(r->delay_cdf_s.back(), 1.5 * provision_s) << PolicyName(p);
+    EXPECT_EQ(NotImmediate(*r), 3) << PolicyName(p);
+    EXPECT_NEAR(r->pct_immediate, 50.0, 1e-9);
+    EXPECT_EQ(p == Policy::kBatch ? r->late_placement_wait : r->late_migration_wait, 3);
+    EXPECT_EQ(r->late_whole_host, 3);
+  }
+}
+
+TEST(SimTest, FixedClusterNeverScalesAndCellsWaitForGpus) {
+  SimOptions o = Opts(Policy::kNotebookOS);
+  o.auto_scaling = false;
+  o.max_hosts = o.initial_hosts;
+  auto r = Simulate(WholeHostBurst(6), o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->cells_failed, 0);
+  EXPECT_EQ(r->hosts_added, 0);
+  EXPECT_EQ(r->hosts_released, 0);
+  EXPECT_EQ(r->peak_servers, 3);
+  EXPECT_EQ(r->late_migration_wait, 3);
+  // The late cells wait for the first ones' 30 minutes, then bind at once.
+  EXPECT_GE(r->delay_cdf_s.back(), 1800.0);
+}
+
+TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
+  // 20 idle notebookos sessions (60 replicas) on 8 hosts, no load: the auto-scaler wants 3 hosts.
+  // The reference only releases servers with <= 4 containers, so none of these goes.
+  Workload w;
+  for (int i = 0; i < 20; ++i) {
+    w.sessions.push_back(
+        Session{"s" + std::to_string(i), 0, 3 * 3600000, 1, {{3 * 3600000 - 120000, 60000, 1}}});
+  }
+  SimOptions o = Opts(Policy::kNotebookOS);
+  o.initial_hosts = 8;
+  auto kept = Simulate(w, o);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->hosts_released, 0);
+  EXPECT_EQ(kept->peak_servers, 8);
+  o.config.release_max_replicas = -1;  // any server may be drained
+  auto drained = Simulate(w, o);
+  ASSERT_TRUE(drained.ok());
+  EXPECT_GT(drained->hosts_released, 0);
+  EXPECT_GT(drained->migrations, 0);
 }
 
 TEST(SimTest, RejectsSessionsLargerThanAHost) {

@@ -19,15 +19,18 @@ namespace {
 using nlohmann::json;
 
 // Every SimConfig field, once: the config file reader and the report writer both use this list.
-#define NBOS_SIM_CONFIG_FIELDS(X)                                                                 \
-  X(process_start_ms)                                                                             \
-  X(warm_promote_ms)                                                                              \
-  X(raft_commit_ms) X(migration_catchup_ms) X(state_restore_ms) X(state_write_ms) X(provision_ms) \
-      X(scaling_interval_ms) X(warm_pool_interval_ms) X(jitter) X(replica_millicpus)              \
-          X(replica_memory_mb) X(host_millicpus) X(host_memory_mb) X(min_hosts) X(buffer_hosts)   \
-              X(scaling_factor) X(scaling_limit) X(max_release_per_round)                         \
-                  X(max_subscription_ratio) X(warm_per_host) X(lcp_warm_per_host)                 \
-                      X(gpu_hour_cost_usd) X(gpu_hour_price_usd) X(standby_price_fraction)
+#define NBOS_SIM_CONFIG_FIELDS(X)                                                                  \
+  X(process_start_ms)                                                                              \
+  X(warm_promote_ms)                                                                               \
+  X(raft_commit_ms)                                                                                \
+  X(migration_catchup_ms)                                                                          \
+  X(state_restore_ms)                                                                              \
+  X(state_write_ms)                                                                                \
+  X(provision_ms) X(scaling_interval_ms) X(warm_pool_interval_ms) X(jitter) X(replica_millicpus)   \
+      X(replica_memory_mb) X(host_millicpus) X(host_memory_mb) X(min_hosts) X(buffer_hosts)        \
+          X(scaling_factor) X(scaling_limit) X(max_release_per_round) X(release_max_replicas)      \
+              X(max_subscription_ratio) X(warm_per_host) X(lcp_warm_per_host) X(gpu_hour_cost_usd) \
+                  X(gpu_hour_price_usd) X(standby_price_fraction)
 
 constexpr double kMsPerHour = 3600e3;
 
@@ -74,6 +77,8 @@ struct QueuedCell {
   int64_t arrival_ms;
 };
 
+enum class Late : uint8_t { kNone, kMigrationWait, kPlacementWait };
+
 struct SessionState {
   std::string kernel_id;
   bool open = false, closing = false, done = false;
@@ -91,6 +96,12 @@ struct SessionState {
   std::string exec_kernel;
   int64_t idle_gen = 0;
   int64_t held_since_ms = 0;
+  Late wait_cause = Late::kNone;  // why the head of the queue waited (first cause)
+  // While in the wait list for scale-out: servers this session asked for, and whether it needs
+  // them for itself (idle GPUs to bind, so waiters add up) or only to subscribe (a notebookos
+  // kernel's replicas, which waiters can share).
+  int32_t hosts_wanted = 0;
+  bool hosts_shared = false;
 };
 
 double PercentileOf(const std::vector<double>& sorted, double p) {
@@ -195,11 +206,36 @@ class Sim {
     }
   }
 
+  // Periodic scale-out: makes at least n servers pending.
   void RequestHosts(int64_t now, int32_t n) {
     const int32_t missing = n - pending_hosts_;
     if (missing <= 0) return;
     ++result_.scale_out_events;
     for (int32_t i = 0; i < missing; ++i) RequestHost(now, false);
+  }
+
+  // Reactive scale-out (the reference's placement / migration failure path): session i waits
+  // for `n` new servers. Each waiter that must bind GPUs gets its own servers; waiters that only
+  // subscribe share theirs. Pending servers are kept at least at what the waiters need, so k
+  // cells waiting at once get k servers in one provisioning round, not one per round.
+  void AskForHosts(int64_t now, int32_t i, int32_t n, bool shared) {
+    SessionState& s = sessions_[i];
+    s.hosts_wanted = std::max(n, 0);
+    s.hosts_shared = shared;
+    Wait(i);
+    int32_t own = 0, shared_max = 0;
+    for (int32_t w : waiting_) {
+      const SessionState& ws = sessions_[w];
+      if (ws.hosts_shared) {
+        shared_max = std::max(shared_max, ws.hosts_wanted);
+      } else {
+        own += ws.hosts_wanted;
+      }
+    }
+    const int32_t missing = own + shared_max - pending_hosts_;
+    if (missing <= 0 || !CanGrow()) return;
+    ++result_.scale_out_events;
+    for (int32_t k = 0; k < missing; ++k) RequestHost(now, false);
   }
 
   void JoinHost(int64_t now, int32_t idx) {
@@ -213,6 +249,7 @@ class Sim {
     assert(s.ok());
     (void)s;
     HostsChanged(now, +1);
+    Replenish(now, idx);
     RetryWaiting(now);
   }
 
@@ -235,15 +272,31 @@ class Sim {
   }
 
   // Start latency of a replica process on `server`: promote a warm one if there is one.
-  int64_t StartOn(const std::string& server) {
-    Host& h = hosts_[HostIndex(server)];
+  int64_t StartOn(int64_t now, const std::string& server) {
+    const int32_t idx = HostIndex(server);
+    Host& h = hosts_[idx];
     if (h.warm > 0) {
       --h.warm;
       ++result_.warm_promotions;
+      Replenish(now, idx);
       return Lat(c_.warm_promote_ms);
     }
     ++result_.cold_starts;
     return Lat(c_.process_start_ms);
+  }
+
+  // The reference's replenish-on-use (and a new host's initial pool): a minimum-capacity pool
+  // below its minimum starts the missing processes at once instead of at the next pool round.
+  void Replenish(int64_t now, int32_t idx) {
+    Host& h = hosts_[idx];
+    if (warm_options_.policy != sched::WarmPoolPolicy::kMinimumCapacity ||
+        h.state != HostState::kAlive) {
+      return;
+    }
+    const int32_t missing = warm_options_.min_per_host - h.warm - h.starting;
+    if (missing <= 0) return;
+    h.starting += missing;
+    Push(now + Lat(c_.process_start_ms), Ev::kWarmStarted, idx, missing);
   }
 
   sched::Resources Request(int32_t gpus) const {
@@ -290,7 +343,7 @@ class Sim {
   void StartSession(int64_t now, int32_t i) {
     SessionState& s = sessions_[i];
     s.open = true;
-    if (HoldsKernel() && !PlaceSessionKernel(now, i)) Wait(i);
+    if (HoldsKernel() && !PlaceSessionKernel(now, i)) Blame(i, Late::kPlacementWait);
   }
 
   // Places the session's kernel (3 replicas, or 1 holding its GPUs for reservation). False when
@@ -307,7 +360,7 @@ class Sim {
     Result<sched::Placement> p = sched_.RequestPlacement(now, req);
     assert(p.ok() && "requests are validated against the host size up front");
     if (p->scale_out_needed) {
-      RequestHosts(now, p->hosts_needed);
+      AskForHosts(now, i, p->hosts_needed, /*shared=*/MultiReplica());
       return false;
     }
     sched::KernelView k;
@@ -316,7 +369,7 @@ class Sim {
     int64_t start_ms = 0;
     for (const std::string& server : p->server_ids) {
       k.replicas.push_back({s.kernel_id, s.next_replica_id++, server});
-      start_ms = std::max(start_ms, StartOn(server));
+      start_ms = std::max(start_ms, StartOn(now, server));
     }
     Status st = sched_.OnKernelPlaced(now, k);
     assert(st.ok());
@@ -348,6 +401,11 @@ class Sim {
     s.held = false;
   }
 
+  static void Blame(SessionState& s, Late cause) {
+    if (s.wait_cause == Late::kNone) s.wait_cause = cause;
+  }
+  void Blame(int32_t i, Late cause) { Blame(sessions_[i], cause); }
+
   void Wait(int32_t i) {
     SessionState& s = sessions_[i];
     if (s.waiting) return;
@@ -362,12 +420,10 @@ class Sim {
     for (int32_t i : retry) {
       SessionState& s = sessions_[i];
       s.waiting = false;
+      s.hosts_wanted = 0;
       if (s.done) continue;
       if (HoldsKernel() && !s.held && s.open && !(s.closing && s.queue.empty())) {
-        if (!PlaceSessionKernel(now, i)) {
-          Wait(i);
-          continue;
-        }
+        if (!PlaceSessionKernel(now, i)) continue;
       }
       if (!s.running) TryRunNext(now, i);
     }
@@ -376,6 +432,7 @@ class Sim {
   void CellArrive(int64_t now, int32_t i, int32_t cell) {
     SessionState& s = sessions_[i];
     ++s.idle_gen;  // cancels a pending idle check
+    if (s.queue.empty() && !s.running && !s.waiting) s.wait_cause = Late::kNone;
     s.queue.push_back({cell, now});
     if (!s.running && !s.waiting) TryRunNext(now, i);
   }
@@ -386,7 +443,7 @@ class Sim {
     if (HoldsKernel() && !s.held) {
       // Reclaimed (or never placed): placement again, state restored on the critical path.
       if (!PlaceSessionKernel(now, i)) {
-        Wait(i);
+        Blame(i, Late::kPlacementWait);
         return;
       }
     }
@@ -421,8 +478,8 @@ class Sim {
         } else {
           const sched::MigrationPlan& plan = *d->migration;
           if (plan.scale_out_needed) {
-            RequestHosts(now, 1);
-            Wait(i);
+            Blame(i, Late::kMigrationWait);
+            AskForHosts(now, i, 1, /*shared=*/false);
             return;
           }
           // Add the new member, drop the old one, bind the GPUs on the target now and start
@@ -436,7 +493,7 @@ class Sim {
           s.exec_replica = fresh;
           s.exec_server = plan.to_server_id;
           Commit(now, s.kernel_id, fresh, s.exec_server, cell.gpus);
-          start_ms = std::max(now, s.ready_ms) + StartOn(plan.to_server_id) +
+          start_ms = std::max(now, s.ready_ms) + StartOn(now, plan.to_server_id) +
                      Lat(c_.migration_catchup_ms) + Lat(c_.raft_commit_ms);
           ++result_.migrations;
           migrated = true;
@@ -455,8 +512,8 @@ class Sim {
         Result<sched::Placement> p = sched_.RequestPlacement(now, std::move(req));
         assert(p.ok());
         if (p->scale_out_needed) {
-          RequestHosts(now, p->hosts_needed);
-          Wait(i);
+          Blame(i, Late::kPlacementWait);
+          AskForHosts(now, i, p->hosts_needed, /*shared=*/false);
           return;
         }
         sched::KernelView k;
@@ -472,7 +529,7 @@ class Sim {
         Commit(now, kernel, 1, s.exec_server, cell.gpus);
         int64_t latency = o_.policy == Policy::kBatch
                               ? (++result_.cold_starts, Lat(c_.process_start_ms))
-                              : StartOn(s.exec_server);
+                              : StartOn(now, s.exec_server);
         if (s.had_cell) latency += Lat(c_.state_restore_ms);
         start_ms = now + latency;
         break;
@@ -486,7 +543,21 @@ class Sim {
       end_ms += Lat(c_.state_write_ms);
     }
     ++cells_run_;
-    if (now == arrival_ms && !migrated) ++immediate_;
+    if (now == arrival_ms && !migrated) {
+      ++immediate_;
+    } else {
+      if (now == arrival_ms) {
+        ++result_.late_migrated;
+      } else if (s.wait_cause == Late::kMigrationWait) {
+        ++result_.late_migration_wait;
+      } else if (s.wait_cause == Late::kPlacementWait) {
+        ++result_.late_placement_wait;
+      } else {
+        ++result_.late_other;
+      }
+      if (cell.gpus >= o_.gpus_per_host) ++result_.late_whole_host;
+    }
+    s.wait_cause = Late::kNone;
     if (reuse) ++reused_;
     delays_s_.push_back(static_cast<double>(start_ms - arrival_ms) / 1000.0);
     tcts_s_.push_back(static_cast<double>(end_ms - arrival_ms) / 1000.0);
@@ -564,6 +635,13 @@ class Sim {
   // Moves the standby replicas off `id`, then releases it. False (and the server keeps
   // accepting) when a replica has nowhere to go.
   bool ReleaseHost(int64_t now, const std::string& id) {
+    // The reference's ReleaseIdleHosts only takes servers with few containers on them; checked
+    // before walking the kernels (every replica subscribes replica_millicpus).
+    const sched::ServerView* server = sched_.cluster().FindServer(id);
+    if (server != nullptr && c_.release_max_replicas >= 0 && c_.replica_millicpus > 0 &&
+        server->subscribed.millicpus > int64_t{c_.release_max_replicas} * c_.replica_millicpus) {
+      return false;
+    }
     Status st = sched_.OnServerAccepting(now, id, false);
     assert(st.ok());
     std::vector<std::pair<std::string, uint32_t>> moving;
@@ -571,6 +649,12 @@ class Sim {
       for (const sched::ReplicaView& r : k.replicas) {
         if (r.server_id == id) moving.emplace_back(kid, r.replica_id);
       }
+    }
+    if (c_.release_max_replicas >= 0 &&
+        static_cast<int64_t>(moving.size()) > c_.release_max_replicas) {
+      st = sched_.OnServerAccepting(now, id, true);
+      assert(st.ok());
+      return false;
     }
     std::vector<std::pair<std::string, std::string>> targets;  // kernel, server
     for (const auto& [kid, replica] : moving) {
@@ -600,8 +684,8 @@ class Sim {
       assert(st.ok());
       st = sched_.OnReplicaRemoved(now, kid, replica);
       assert(st.ok());
-      s.ready_ms =
-          std::max(s.ready_ms, now + StartOn(targets[m].second) + Lat(c_.migration_catchup_ms));
+      s.ready_ms = std::max(s.ready_ms,
+                            now + StartOn(now, targets[m].second) + Lat(c_.migration_catchup_ms));
       ++result_.migrations;
     }
     st = sched_.OnServerLeft(now, id);
@@ -785,7 +869,7 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
   const SimConfig& c = options.config;
   sched::SchedulerOptions s;
   s.max_subscription_ratio = c.max_subscription_ratio;
-  s.auto_scaling = true;
+  s.auto_scaling = options.auto_scaling;
   s.scaling.scaling_factor = c.scaling_factor;
   s.scaling.scaling_limit = c.scaling_limit;
   s.scaling.buffer_hosts = c.buffer_hosts;
@@ -830,6 +914,12 @@ std::string ResultJson(const SimResult& r) {
          {"gpu_hours_oracle", r.gpu_hours_oracle},
          {"pct_immediate", r.pct_immediate},
          {"pct_executor_reuse", r.pct_executor_reuse},
+         {"not_immediate",
+          {{"migrated_at_once", r.late_migrated},
+           {"migration_wait", r.late_migration_wait},
+           {"placement_wait", r.late_placement_wait},
+           {"other", r.late_other},
+           {"whole_host_cells", r.late_whole_host}}},
          {"delay_s", pct(r.delay_s)},
          {"tct_s", pct(r.tct_s)},
          {"delay_cdf_s", r.delay_cdf_s},

@@ -25,8 +25,8 @@ Result<Policy> ParsePolicy(std::string_view name);
 // Latencies the simulator does not execute, prices and sizes. Every field has a documented
 // default (docs/decisions/0004-simulator.md); a JSON config file overrides any subset by name.
 struct SimConfig {
-  int64_t process_start_ms = 8000;      // cold replica / container process start
-  int64_t warm_promote_ms = 300;        // promote a warm process into a replica
+  int64_t process_start_ms = 1300;      // cold replica / container process start (loopback)
+  int64_t warm_promote_ms = 500;        // promote a warm process into a replica (loopback)
   int64_t raft_commit_ms = 5;           // executor election round before a cell starts
   int64_t migration_catchup_ms = 1000;  // new replica catches up from snapshot + blobs
   int64_t state_restore_ms = 3000;      // read kernel state from the blob store (batch, LCP,
@@ -45,6 +45,7 @@ struct SimConfig {
   double scaling_factor = 1.10;
   double scaling_limit = 1.15;
   int32_t max_release_per_round = 2;
+  int32_t release_max_replicas = 4;  // scale-in skips a server holding more replicas (< 0: any)
   double max_subscription_ratio = 7.0;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
@@ -61,6 +62,7 @@ struct SimOptions {
   int32_t initial_hosts = 6;
   int32_t gpus_per_host = 8;
   int32_t max_hosts = -1;       // < 0: unbounded
+  bool auto_scaling = true;     // false: the cluster stays at initial_hosts (no scale-in/out)
   int64_t idle_reclaim_ms = 0;  // 0: never reclaim idle sessions
   uint64_t seed = 1;
   SimConfig config;
@@ -81,7 +83,15 @@ struct SimResult {
   double gpu_hours_oracle = 0;       // Σ cell GPUs × cell duration
   double pct_immediate = 0;          // cells whose GPUs were committed when they arrived
   double pct_executor_reuse = 0;     // cells run by the previous cell's executor
-  Percentiles delay_s, tct_s;        // interactivity delay; task completion time
+  // Why the other cells were not immediate (the four sum to cells - immediate cells):
+  int64_t late_migrated = 0;        // no replica's server could grant; a replica migrated to a
+                                    // running server with idle GPUs at once (no wait)
+  int64_t late_migration_wait = 0;  // no replica's server could grant and no running server
+                                    // could take a replica: waited for a new server or freed GPUs
+  int64_t late_placement_wait = 0;  // the kernel / container / reservation waited for placement
+  int64_t late_other = 0;
+  int64_t late_whole_host = 0;  // of all the not-immediate cells, those asking for a whole host
+  Percentiles delay_s, tct_s;   // interactivity delay; task completion time
   std::vector<double> delay_cdf_s, tct_cdf_s;  // values at percentiles 0, 1, ..., 100
   int64_t migrations = 0, hosts_added = 0, hosts_released = 0, scale_out_events = 0,
           scale_in_events = 0, reclaims = 0, warm_promotions = 0, cold_starts = 0;

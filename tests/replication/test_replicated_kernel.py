@@ -78,6 +78,9 @@ class Replica:
         write_kernel_connection_file(self.connection_file, group.key.encode())
         self.proc = None
         self.client = None
+        # A replica that joins an existing group (added by a membership request) starts with an
+        # empty log and no --peer flags.
+        self.join = False
 
     def start(self):
         try:
@@ -98,7 +101,8 @@ class Replica:
              "--raft", self.group.addresses[self.id], "--data-dir",
              os.path.join(self.dir, "raft"), "--blob-store", self.group.store_url,
              "--log-level", "info"] + self.group.extra_args +
-            [f"--peer={i}={a}" for i, a in self.group.addresses.items()],
+            ([] if self.join else
+             [f"--peer={i}={a}" for i, a in self.group.addresses.items()]),
             stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.dir)
         stderr.close()
         self.client = BlockingKernelClient(connection_file=self.connection_file)

@@ -88,3 +88,15 @@ def test_replay_own_journal_and_reject_corrupted(tmp_path):
     garbage = tmp_path / "garbage.jsonl"
     garbage.write_text("not json\n")
     assert run("replay", "--journal", str(garbage), check=False).returncode == 2
+
+
+def test_fixed_hosts_never_scales(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(CSV)
+    out = json.loads(run("--trace", str(trace), "--policy", "notebookos", "--fixed-hosts", "3",
+                         "--json").stdout)
+    assert out["hosts_added"] == 0 and out["hosts_released"] == 0
+    assert out["peak_servers"] == 3 and out["cells_failed"] == 0
+    late = out["not_immediate"]
+    assert sum(late[k] for k in ("migrated_at_once", "migration_wait", "placement_wait",
+                                 "other")) == round(out["cells"] * (1 - out["pct_immediate"] / 100))

@@ -1,0 +1,118 @@
+"""Live migration (DESIGN.md §5): when no server holding one of a kernel's replicas has idle GPUs,
+the gateway adds a replica on a server that has them to the kernel's Raft group, lets it catch
+up, removes the old one, and the waiting cell runs on the new replica with the kernel's state."""
+
+import subprocess
+import tempfile
+import time
+
+from cluster import Cluster, KernelSocket, nbos_bin
+
+HOSTS = 4
+
+
+def replicas_of(c, kernel_id):
+    kernel = next(k for k in c.get("/api/nbos/cluster")["kernels"] if k["id"] == kernel_id)
+    return {r["replica_id"]: r for r in kernel["replicas"]}
+
+
+def replica_processes(replica_dir_name):
+    """Pids whose working directory is a replica directory of that name."""
+    import os
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.readlink(f"/proc/{pid}/cwd").endswith("/" + replica_dir_name):
+                    pids.append(int(pid))
+            except OSError:
+                pass
+    return pids
+
+
+def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
+    journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
+    c = Cluster(hosts=HOSTS, gpus_per_host=1, extra=("--decision-journal", journal))
+    busy = []  # (kernel id, socket, msg id) of cells holding GPUs
+    kernels = []
+    try:
+        a = c.start_kernel({"KERNEL_GPUS": "1"})
+        kernels.append(a)
+        ks = KernelSocket(c.url, a, c.token)
+        reply, _ = ks.execute("x = 42\nimport array\nbig = array.array('d', range(200000))")
+        assert reply["content"]["status"] == "ok"
+        a_servers = {r["server_id"]: rid for rid, r in replicas_of(c, a).items()}
+        free = ({f"host-{i}" for i in range(1, HOSTS + 1)} - set(a_servers)).pop()
+
+        # Hold the GPU of every server of kernel a with long cells of other kernels.
+        to_fill = set(a_servers)
+        for _ in range(8):
+            if not to_fill:
+                break
+            other = c.start_kernel({"KERNEL_GPUS": "1"})
+            kernels.append(other)
+            for rid, r in sorted(replicas_of(c, other).items()):
+                if r["server_id"] in to_fill:
+                    sock = KernelSocket(c.url, other, c.token)
+                    msg_id = sock.send("execute_request", {
+                        "code": "import time\nfor _ in range(1200): time.sleep(0.1)",
+                        "silent": False, "store_history": True, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+                        metadata={"nbos": {"target_replica": rid}})
+                    busy.append((other, sock, msg_id))
+                    to_fill.discard(r["server_id"])
+                    break
+        assert not to_fill, f"could not occupy {to_fill}"
+        deadline = time.time() + 60
+        while True:
+            servers = {s["server_id"]: s for s in c.get("/api/nbos/cluster")["servers"]}
+            if all(servers[s]["gpus_committed"] == 1 for s in a_servers):
+                break
+            assert time.time() < deadline, servers
+            time.sleep(0.1)
+        assert servers[free]["gpus_committed"] == 0
+
+        reply, iopub = ks.execute("print(x + 1, len(big))")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "43 200000\n", text
+        nbos = reply["metadata"]["nbos"]
+        assert nbos["server"] == free, nbos
+        now = replicas_of(c, a)
+        assert len(now) == 3
+        assert nbos["executor"] in now and now[nbos["executor"]]["server_id"] == free
+        assert nbos["executor"] not in a_servers.values(), "the executor is a new replica"
+        gone = set(a_servers.values()) - set(now)
+        assert len(gone) == 1, (a_servers, now)
+        # The old replica's process is stopped; the kernel keeps working on its new group.
+        old_dir = f"{a}-{gone.pop()}"
+        deadline = time.time() + 30
+        while replica_processes(old_dir):
+            assert time.time() < deadline, "the migrated replica's process outlived it"
+            time.sleep(0.2)
+        view = c.get("/api/nbos/cluster")
+        assert view["migrations"]["done"] >= 1, view["migrations"]
+        for (other, sock, msg_id) in busy:
+            assert c.request("POST", f"/api/kernels/{other}/interrupt", {})[0] == 204
+            reply, _ = sock.wait_for(msg_id)
+            assert reply["content"]["status"] == "error"
+            sock.close()
+        busy.clear()
+        # Any replica of the new group can still execute.
+        for rid in sorted(now):
+            reply, _ = ks.execute("x", metadata={"nbos": {"target_replica": rid}})
+            assert reply["content"]["status"] == "ok", (rid, reply["content"])
+        ks.close()
+    finally:
+        for (_, sock, _) in busy:
+            sock.close()
+        for k in kernels:
+            c.request("DELETE", f"/api/kernels/{k}")
+        assert c.stop() == 0
+    assert not c.nbos_processes()
+    done = subprocess.run([nbos_bin(), "sim", "replay", "--journal", journal],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(journal) as f:
+        events = f.read()
+    assert '"event":"replica_added"' in events and '"event":"replica_removed"' in events
