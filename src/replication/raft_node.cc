@@ -317,6 +317,7 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
     raft_uv_tcp_close(&p->transport);
     return abandon(Unavailable(msg));
   }
+  raft_uv_set_connect_retry_delay(&p->io, options.connect_retry_delay_ms);
   rv = raft_init(&p->raft, &p->io, &p->fsm, options.id, options.address.c_str());
   if (rv != 0) {
     std::string msg = std::string("raft init: ") + raft_strerror(rv);

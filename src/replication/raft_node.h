@@ -27,6 +27,9 @@ struct RaftNodeOptions {
   unsigned heartbeat_timeout_ms = 10;
   unsigned snapshot_threshold = 1024;  // entries between snapshots
   unsigned snapshot_trailing = 128;    // entries kept after a snapshot
+  // Between attempts to connect to a peer that is not listening yet (C-Raft's default, 1000 ms,
+  // made every replica that starts after its peers, and every migration target, wait a second).
+  unsigned connect_retry_delay_ms = 50;
   // Proposals are submitted in batches, one batch at a time: at most this many entries each.
   size_t max_batch = 64;
 };
