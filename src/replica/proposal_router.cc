@@ -192,10 +192,10 @@ struct ProposalRouter::Impl {
       refused = Unavailable("another membership change is in progress on the leader");
     }
     if (!refused.ok()) {
+      const std::string word = StatusWord(refused);
       std::array<zmq::const_buffer, 4> reply{zmq::buffer(parts[0].data(), parts[0].size()),
                                              zmq::buffer(parts[1].data(), parts[1].size()),
-                                             zmq::buffer(StatusWord(refused)),
-                                             zmq::buffer(refused.message())};
+                                             zmq::buffer(word), zmq::buffer(refused.message())};
       try {
         zmq::send_multipart(server, reply);
       } catch (const zmq::error_t&) {
@@ -216,9 +216,11 @@ struct ProposalRouter::Impl {
             zmq::socket_t push(ctx, zmq::socket_type::push);
             push.set(zmq::sockopt::linger, 0);
             push.connect(kChangeResults);
+            // The buffers point into these until send_multipart returns.
+            const std::string word(StatusWord(s));
+            const std::string message(s.message());
             std::array<zmq::const_buffer, 4> answer{zmq::buffer(identity), zmq::buffer(seq),
-                                                    zmq::buffer(StatusWord(s)),
-                                                    zmq::buffer(s.message())};
+                                                    zmq::buffer(word), zmq::buffer(message)};
             zmq::send_multipart(push, answer);
           } catch (const zmq::error_t&) {
             // Stopping: the asking member times out and retries elsewhere.
