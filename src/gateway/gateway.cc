@@ -164,6 +164,9 @@ struct Gateway::Impl {
     SteadyClock::time_point last_seen;
     control::ServerStatus status;
     bool alive = true;
+    // Replicas this daemon runs that belong to no kernel of the gateway, as of the last
+    // heartbeat; stopped when the next heartbeat still reports them.
+    std::set<std::pair<std::string, uint32_t>> orphans_seen;
   };
   struct Kernel {
     StoredKernel meta;
@@ -248,6 +251,20 @@ struct Gateway::Impl {
   daemon::DaemonClient* ClientFor(const std::string& server_id) {
     auto it = servers.find(server_id);
     return it == servers.end() ? nullptr : it->second->client.get();
+  }
+
+  // ClientFor, waiting up to server_timeout_ms for the server to register: right after a gateway
+  // restart the daemons come back with their next heartbeat. Call without mu held.
+  daemon::DaemonClient* AwaitClient(const std::string& server_id) {
+    const auto deadline = SteadyClock::now() + std::chrono::milliseconds(options.server_timeout_ms);
+    while (true) {
+      {
+        std::lock_guard lock(mu);
+        if (daemon::DaemonClient* c = ClientFor(server_id)) return c;
+      }
+      if (SteadyClock::now() >= deadline) return nullptr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
 
   // Plans one execution on the session's thread: executor choice by the sched core, then GPUs
@@ -410,16 +427,13 @@ struct Gateway::Impl {
                          jupyter::ConnectionInfoToJson(conn)};
   }
 
-  Status LaunchReplicas(Kernel* k, const std::vector<std::string>& server_ids,
-                        const std::map<std::string, std::string>& env) {
+  // Replicas get the kernel's start environment (meta.env) and KERNEL_ID.
+  Status LaunchReplicas(Kernel* k, const std::vector<std::string>& server_ids) {
     std::vector<std::pair<daemon::DaemonClient*, std::string>> targets;
-    {
-      std::lock_guard lock(mu);
-      for (const std::string& id : server_ids) {
-        daemon::DaemonClient* c = ClientFor(id);
-        if (c == nullptr) return Unavailable("server " + id + " is gone");
-        targets.emplace_back(c, id);
-      }
+    for (const std::string& id : server_ids) {
+      daemon::DaemonClient* c = AwaitClient(id);
+      if (c == nullptr) return Unavailable("server " + id + " is not registered");
+      targets.emplace_back(c, id);
     }
     k->meta.replicas.clear();
     std::vector<control::Peer> peers;
@@ -443,7 +457,7 @@ struct Gateway::Impl {
       req.set_kernel_id(k->meta.kernel_id);
       req.set_replica_id(static_cast<uint32_t>(i + 1));
       for (const auto& p : peers) *req.add_peers() = p;
-      for (const auto& [name, value] : env) (*req.mutable_env())[name] = value;
+      for (const auto& [name, value] : k->meta.env) (*req.mutable_env())[name] = value;
       (*req.mutable_env())["KERNEL_ID"] = k->meta.kernel_id;
       auto launched = targets[i].first->LaunchReplica(req);
       if (!launched.ok()) {
@@ -457,12 +471,13 @@ struct Gateway::Impl {
 
   void StopReplicas(const StoredKernel& meta) {
     for (const StoredReplica& r : meta.replicas) {
-      daemon::DaemonClient* client;
-      {
-        std::lock_guard lock(mu);
-        client = ClientFor(r.server_id);
+      daemon::DaemonClient* client = AwaitClient(r.server_id);
+      if (client == nullptr) {
+        // The daemon's heartbeats report it once the server registers; OnHeartbeat stops it.
+        spdlog::warn("kernel {}: replica {} on unregistered server {} is stopped when it returns",
+                     meta.kernel_id, r.replica_id, r.server_id);
+        continue;
       }
-      if (client == nullptr) continue;
       control::StopReplicaRequest req;
       req.set_kernel_id(meta.kernel_id);
       req.set_replica_id(r.replica_id);
@@ -497,6 +512,7 @@ struct Gateway::Impl {
     k->meta.session_id = NewUuid();
     k->meta.resources = ResourcesJson(k->request);
     k->meta.created = NowIsoUtc();
+    k->meta.env = env;
     std::vector<std::string> server_ids;
     {
       std::lock_guard lock(mu);
@@ -527,7 +543,7 @@ struct Gateway::Impl {
       kernels[k->meta.kernel_id] = k;
     }
     std::lock_guard op(k->op_mu);
-    Status s = LaunchReplicas(k.get(), server_ids, env);
+    Status s = LaunchReplicas(k.get(), server_ids);
     if (s.ok()) s = store->Put(k->meta);
     if (s.ok()) {
       auto session = StartSession(k);
@@ -670,6 +686,7 @@ struct Gateway::Impl {
     control::LaunchReplicaRequest launch;
     launch.set_kernel_id(k.meta.kernel_id);
     launch.set_replica_id(new_id);  // no peers: it joins the running group
+    for (const auto& [name, value] : k.meta.env) (*launch.mutable_env())[name] = value;
     (*launch.mutable_env())["KERNEL_ID"] = k.meta.kernel_id;
     bool member = false, linked = false;
     auto undo = [&](Status why) -> Status {
@@ -813,7 +830,7 @@ struct Gateway::Impl {
     StopReplicas(k->meta);
     k->meta.key = NewKey();
     k->meta.session_id = NewUuid();
-    Status s = LaunchReplicas(k.get(), server_ids, {});
+    Status s = LaunchReplicas(k.get(), server_ids);
     if (s.ok()) s = store->Put(k->meta);
     if (s.ok()) {
       auto session = StartSession(k);
@@ -863,6 +880,8 @@ struct Gateway::Impl {
 
   bool OnHeartbeat(const control::ServerStatus& status) {
     std::vector<std::pair<std::shared_ptr<KernelSession>, std::pair<uint32_t, bool>>> changes;
+    std::vector<std::pair<std::string, uint32_t>> to_stop;
+    daemon::DaemonClient* client = nullptr;
     {
       std::lock_guard lock(mu);
       auto it = servers.find(status.server_id());
@@ -871,6 +890,8 @@ struct Gateway::Impl {
       s.last_seen = SteadyClock::now();
       s.status = status;
       s.alive = true;
+      client = s.client.get();
+      to_stop = FindOrphans(s);
       std::set<std::pair<std::string, uint32_t>> running;
       for (const auto& r : status.replicas())
         if (r.state() == "running") running.insert({r.kernel_id(), r.replica_id()});
@@ -892,7 +913,53 @@ struct Gateway::Impl {
         session->ReplicaLost(change.first);
       }
     }
+    if (!to_stop.empty()) {
+      Chore([client, server_id = status.server_id(), to_stop] {
+        for (const auto& [kernel_id, replica_id] : to_stop) {
+          spdlog::warn(
+              "server {} runs replica {} of kernel {}, which the gateway does not know: "
+              "stopping it",
+              server_id, replica_id, kernel_id);
+          control::StopReplicaRequest req;
+          req.set_kernel_id(kernel_id);
+          req.set_replica_id(replica_id);
+          req.set_keep_data(false);
+          if (Status st = client->StopReplica(req); !st.ok()) {
+            spdlog::warn("stopping replica {} of kernel {} on {}: {}", replica_id, kernel_id,
+                         server_id, st.ToString());
+          }
+        }
+      });
+    }
     return true;
+  }
+
+  // Replicas the server reports that no kernel of the gateway has (a kernel deleted or restarted
+  // while its server was unregistered, or one the database lost), seen in two heartbeats in a
+  // row. Kernels with a restart, delete or migration under way are left alone: their replica
+  // lists are changing. Call with mu held.
+  std::vector<std::pair<std::string, uint32_t>> FindOrphans(Server& s) {
+    std::set<std::pair<std::string, uint32_t>> seen;
+    std::vector<std::pair<std::string, uint32_t>> orphans;
+    for (const auto& r : s.status.replicas()) {
+      if (r.state() == "stopped") continue;
+      auto k = kernels.find(r.kernel_id());
+      if (k != kernels.end()) {
+        std::unique_lock op(k->second->op_mu, std::try_to_lock);
+        if (!op.owns_lock()) continue;
+        const auto& replicas = k->second->meta.replicas;
+        if (std::any_of(replicas.begin(), replicas.end(), [&](const StoredReplica& m) {
+              return m.replica_id == r.replica_id() && m.server_id == s.server_id;
+            })) {
+          continue;
+        }
+      }
+      const std::pair<std::string, uint32_t> id{r.kernel_id(), r.replica_id()};
+      seen.insert(id);
+      if (s.orphans_seen.count(id)) orphans.push_back(id);
+    }
+    s.orphans_seen = std::move(seen);
+    return orphans;
   }
 
   // Servers that stopped sending heartbeats: their replicas count as lost.

@@ -133,7 +133,12 @@ struct KernelSession::Impl {
     return live;
   }
 
+  // Callers on other threads may hold the session after Shutdown closed wake_fd; a write to the
+  // closed number would land in whatever reused it (a ZeroMQ context's signaler, which then
+  // aborts), so the fd is only written under mu while it is open.
   void Wake() {
+    std::lock_guard lock(mu);
+    if (wake_fd < 0) return;
     uint64_t one = 1;
     (void)!write(wake_fd, &one, sizeof(one));
   }
@@ -649,7 +654,9 @@ void KernelSession::Shutdown() {
     impl_->options.hooks.release(impl_->in_flight->plan);
   }
   impl_->in_flight.reset();
+  std::lock_guard lock(impl_->mu);
   close(impl_->wake_fd);
+  impl_->wake_fd = -1;
 }
 
 Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout,

@@ -44,8 +44,14 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
   for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
                           "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
                           "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
-                          "created TEXT, replicas TEXT)"}) {
+                          "created TEXT, replicas TEXT, env TEXT)"}) {
     if (Status s = store->Exec(sql); !s.ok()) return s;
+  }
+  // Databases written before the env column existed gain it; their kernels read as no env.
+  Statement probe;
+  if (sqlite3_prepare_v2(db, "SELECT env FROM kernels LIMIT 0", -1, &probe.stmt, nullptr) !=
+      SQLITE_OK) {
+    if (Status s = store->Exec("ALTER TABLE kernels ADD COLUMN env TEXT"); !s.ok()) return s;
   }
   return store;
 }
@@ -68,15 +74,16 @@ Status MetadataStore::Put(const StoredKernel& k) {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
-                         "created, replicas) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         "created, replicas, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
   }
   const std::string resources = k.resources.dump();
   const std::string replicas = ReplicasToJson(k.replicas).dump();
-  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key,   &k.session_id,
-                                 &resources,   &k.created,    &replicas};
-  for (int i = 0; i < 7; ++i) {
+  const std::string env = Json(k.env).dump();
+  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key,    &k.session_id,
+                                 &resources,   &k.created,    &replicas, &env};
+  for (int i = 0; i < 8; ++i) {
     sqlite3_bind_text(st.stmt, i + 1, values[i]->c_str(), static_cast<int>(values[i]->size()),
                       SQLITE_TRANSIENT);
   }
@@ -105,7 +112,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
   std::lock_guard lock(Mu());
   Statement st;
   if (sqlite3_prepare_v2(db_,
-                         "SELECT id, kernelspec, key, session, resources, created, replicas "
+                         "SELECT id, kernelspec, key, session, resources, created, replicas, env "
                          "FROM kernels ORDER BY created",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
@@ -130,6 +137,12 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
       for (const Json& r : replicas) {
         k.replicas.push_back({r.value("replica_id", 0u), r.value("server_id", ""),
                               r.value("raft_address", ""), r.value("connection", "")});
+      }
+    }
+    Json env = Json::parse(text(7), nullptr, false);
+    if (env.is_object()) {
+      for (const auto& [name, value] : env.items()) {
+        if (value.is_string()) k.env[name] = value.get<std::string>();
       }
     }
     out.push_back(std::move(k));

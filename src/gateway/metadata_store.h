@@ -2,6 +2,7 @@
 // synchronous=FULL), so a gateway restart keeps every kernel and clients reconnect.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ struct StoredKernel {
   jupyter::Json resources = jupyter::Json::object();  // millicpus, memory_mb, gpus, vram_mb
   std::string created;
   std::vector<StoredReplica> replicas;
+  // The environment the kernel was started with (KERNEL_* and allowed names): restarted and
+  // migrated replicas get it too.
+  std::map<std::string, std::string> env;
 };
 
 class MetadataStore {

@@ -1,6 +1,7 @@
 #include "gateway/metadata_store.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "store/testing.h"
 
@@ -20,6 +21,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
                    {{"gpus", 2}},
                    "2026-01-01T00:00:00.000000Z",
                    {{1, "host-1", "127.0.0.1:4000", "{}"}, {2, "host-2", "127.0.0.1:4002", "{}"}}};
+    k.env = {{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}};
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -37,6 +39,38 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   ASSERT_EQ(k.replicas.size(), 2u);
   EXPECT_EQ(k.replicas[1].server_id, "host-2");
   EXPECT_EQ(k.replicas[1].raft_address, "127.0.0.1:4002");
+  EXPECT_EQ(k.env,
+            (std::map<std::string, std::string>{{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}}));
+}
+
+TEST(MetadataStoreTest, DatabaseWithoutTheEnvColumnIsUpgraded) {
+  store::ScopedTempDir dir;
+  const std::string path = (dir.path() / "gateway.db").string();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE kernels (id TEXT PRIMARY KEY, kernelspec TEXT, key TEXT, "
+                           "session TEXT, resources TEXT, created TEXT, replicas TEXT);"
+                           "INSERT INTO kernels VALUES ('old', 'nbos', 'k', 's', '{}', "
+                           "'2026-01-01T00:00:00.000000Z', '[]')",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto db = MetadataStore::Open(path);
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  StoredKernel fresh;
+  fresh.kernel_id = "new";
+  fresh.created = "2026-01-02T00:00:00.000000Z";
+  fresh.env = {{"KERNEL_X", "1"}};
+  ASSERT_TRUE((*db)->Put(fresh).ok());
+  auto kernels = (*db)->List();
+  ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
+  ASSERT_EQ(kernels->size(), 2u);
+  EXPECT_EQ((*kernels)[0].kernel_id, "old");
+  EXPECT_TRUE((*kernels)[0].env.empty());
+  EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
 }
 
 TEST(MetadataStoreTest, UnopenablePathIsAClearError) {

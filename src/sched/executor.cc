@@ -8,18 +8,23 @@ namespace nbos::sched {
 
 ExecutorChoice ChooseExecutor(const ClusterState& cluster, const KernelView& kernel,
                               int32_t gpus_needed, const std::set<uint32_t>& excluded_replicas,
-                              std::optional<uint32_t> target_replica) {
+                              std::optional<uint32_t> target_replica, bool pack_gpus) {
   assert(gpus_needed >= 0);
   // (idle GPUs, replica id) of every replica whose server can grant now.
   std::vector<std::pair<int32_t, uint32_t>> able;
+  std::set<uint32_t> on_whole_idle_server;  // its cell would break up a wholly idle server
   for (const ReplicaView& r : kernel.replicas) {
     if (excluded_replicas.contains(r.replica_id)) continue;
     const ServerView* server = cluster.FindServer(r.server_id);
     if (server == nullptr || !server->accepting || server->IdleGpus() < gpus_needed) continue;
     able.emplace_back(server->IdleGpus(), r.replica_id);
+    if (server->committed.gpus == 0 && gpus_needed < server->spec.gpus) {
+      on_whole_idle_server.insert(r.replica_id);
+    }
   }
-  std::sort(able.begin(), able.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  std::sort(able.begin(), able.end(), [pack_gpus](const auto& a, const auto& b) {
+    if (a.first != b.first) return pack_gpus ? a.first < b.first : a.first > b.first;
+    return a.second < b.second;
   });
   auto is_able = [&](uint32_t id) {
     return std::any_of(able.begin(), able.end(), [&](const auto& a) { return a.second == id; });
@@ -40,7 +45,13 @@ ExecutorChoice ChooseExecutor(const ClusterState& cluster, const KernelView& ker
     }
   }
   if (first == 0 && kernel.last_executor != 0 && is_able(kernel.last_executor)) {
-    first = kernel.last_executor;
+    // Packing: stickiness yields to keeping a whole server idle when another replica can run
+    // the cell on a server that is already partly busy.
+    const bool yields = pack_gpus && on_whole_idle_server.contains(kernel.last_executor) &&
+                        std::any_of(able.begin(), able.end(), [&](const auto& a) {
+                          return !on_whole_idle_server.contains(a.second);
+                        });
+    if (!yields) first = kernel.last_executor;
   }
   if (first != 0) choice.candidates.push_back(first);
   for (const auto& [idle, id] : able) {

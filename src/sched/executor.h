@@ -27,8 +27,13 @@ struct ExecutorChoice {
 // executor if it is one (stickiness keeps GPU-warm state); then the rest by most idle GPUs, ties
 // by replica id. gpus_needed is that of this cell (usually kernel.request.gpus); 0 makes every
 // live replica a candidate.
+// pack_gpus: the rest go fewest idle GPUs first (best fit), and the previous executor loses its
+// place when its server is wholly idle, the cell needs less than the whole server, and another
+// candidate's server is not wholly idle: a cell then does not break up a whole idle server that
+// a whole-server cell of another kernel may need.
 ExecutorChoice ChooseExecutor(const ClusterState& cluster, const KernelView& kernel,
                               int32_t gpus_needed, const std::set<uint32_t>& excluded_replicas,
-                              std::optional<uint32_t> target_replica = std::nullopt);
+                              std::optional<uint32_t> target_replica = std::nullopt,
+                              bool pack_gpus = false);
 
 }  // namespace nbos::sched

@@ -37,6 +37,7 @@ struct ExecutorCase {
   std::optional<uint32_t> target;
   Ids want;
   bool want_target_honoured = false;
+  bool pack_gpus = false;
 };
 
 class ExecutorTableTest : public ::testing::TestWithParam<ExecutorCase> {};
@@ -45,7 +46,7 @@ TEST_P(ExecutorTableTest, Orders) {
   const ExecutorCase& tc = GetParam();
   ClusterState c = MakeCluster(tc.committed_a, tc.committed_b, tc.committed_c, tc.last_executor);
   ExecutorChoice choice =
-      ChooseExecutor(c, *c.FindKernel("k"), tc.gpus_needed, tc.excluded, tc.target);
+      ChooseExecutor(c, *c.FindKernel("k"), tc.gpus_needed, tc.excluded, tc.target, tc.pack_gpus);
   EXPECT_EQ(choice.candidates, tc.want);
   EXPECT_EQ(choice.migration_needed(), tc.want.empty());
   EXPECT_EQ(choice.target_honoured, tc.want_target_honoured);
@@ -56,18 +57,45 @@ TEST_P(ExecutorTableTest, Orders) {
 
 INSTANTIATE_TEST_SUITE_P(
     Table, ExecutorTableTest,
-    ::testing::Values(ExecutorCase{"AllIdleByReplicaId", 0, 0, 0, 0, 2, {}, {}, {1, 2, 3}},
-                      ExecutorCase{"MostIdleFirst", 2, 0, 1, 0, 2, {}, {}, {2, 3, 1}},
-                      ExecutorCase{"StickyWhenPreviousCanGrant", 2, 0, 1, 1, 2, {}, {}, {1, 2, 3}},
-                      ExecutorCase{"NotStickyWhenPreviousCannot", 3, 0, 1, 1, 2, {}, {}, {2, 3}},
-                      ExecutorCase{"ExcludedSkipped", 0, 0, 0, 2, 2, {2}, {}, {1, 3}},
-                      ExecutorCase{"NoneCanGrantMeansMigration", 3, 4, 3, 1, 2, {}, {}, {}},
-                      ExecutorCase{"ZeroGpusEveryoneQualifies", 4, 4, 4, 3, 0, {}, {}, {3, 1, 2}},
-                      ExecutorCase{
-                          "TargetOverridesStickiness", 0, 0, 0, 1, 2, {}, 3u, {3, 1, 2}, true},
-                      ExecutorCase{"TargetThatCannotGrantIgnored", 0, 0, 3, 1, 2, {}, 3u, {1, 2}},
-                      ExecutorCase{"TargetNotAReplicaIgnored", 0, 1, 0, 0, 2, {}, 9u, {1, 3, 2}},
-                      ExecutorCase{"ExcludedTargetIgnored", 0, 0, 0, 0, 2, {3}, 3u, {1, 2}}),
+    ::testing::Values(
+        ExecutorCase{"AllIdleByReplicaId", 0, 0, 0, 0, 2, {}, {}, {1, 2, 3}},
+        ExecutorCase{"MostIdleFirst", 2, 0, 1, 0, 2, {}, {}, {2, 3, 1}},
+        ExecutorCase{"StickyWhenPreviousCanGrant", 2, 0, 1, 1, 2, {}, {}, {1, 2, 3}},
+        ExecutorCase{"NotStickyWhenPreviousCannot", 3, 0, 1, 1, 2, {}, {}, {2, 3}},
+        ExecutorCase{"ExcludedSkipped", 0, 0, 0, 2, 2, {2}, {}, {1, 3}},
+        ExecutorCase{"NoneCanGrantMeansMigration", 3, 4, 3, 1, 2, {}, {}, {}},
+        ExecutorCase{"ZeroGpusEveryoneQualifies", 4, 4, 4, 3, 0, {}, {}, {3, 1, 2}},
+        ExecutorCase{"TargetOverridesStickiness", 0, 0, 0, 1, 2, {}, 3u, {3, 1, 2}, true},
+        ExecutorCase{"TargetThatCannotGrantIgnored", 0, 0, 3, 1, 2, {}, 3u, {1, 2}},
+        ExecutorCase{"TargetNotAReplicaIgnored", 0, 1, 0, 0, 2, {}, 9u, {1, 3, 2}},
+        ExecutorCase{"ExcludedTargetIgnored", 0, 0, 0, 0, 2, {3}, 3u, {1, 2}},
+        // pack_gpus: best fit, and a whole idle server is kept for whole-server cells.
+        ExecutorCase{"PackFewestIdleFirst", 2, 0, 1, 0, 2, {}, {}, {1, 3, 2}, false, true},
+        ExecutorCase{"PackStickinessYieldsToKeepAWholeServerIdle",
+                     0,
+                     2,
+                     2,
+                     1,
+                     2,
+                     {},
+                     {},
+                     {2, 3, 1},
+                     false,
+                     true},
+        ExecutorCase{"PackStickyWhenEveryCandidateIsWhollyIdle",
+                     0,
+                     0,
+                     0,
+                     2,
+                     2,
+                     {},
+                     {},
+                     {2, 1, 3},
+                     false,
+                     true},
+        ExecutorCase{
+            "PackStickyWhenTheCellNeedsTheWholeServer", 0, 0, 1, 1, 4, {}, {}, {1, 2}, false, true},
+        ExecutorCase{"PackTargetStillFirst", 0, 2, 2, 1, 2, {}, 1u, {1, 2, 3}, true, true}),
     [](const auto& case_info) { return case_info.param.name; });
 
 TEST(ExecutorTest, SkipsOrphansAndDrainingServers) {

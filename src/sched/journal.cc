@@ -54,6 +54,24 @@ json Enc(const ScalingOptions& o) {
           {"gpus_per_host", o.gpus_per_host}};
 }
 
+json Enc(const RebalanceOptions& o) {
+  return {{"enabled", o.enabled},
+          {"max_per_tick", o.max_per_tick},
+          {"kernel_cooldown_ms", o.kernel_cooldown_ms},
+          {"min_gpus", o.min_gpus},
+          {"spare_servers_max_replicas", o.spare_servers_max_replicas},
+          {"releasable_target_idle_max_ms", o.releasable_target_idle_max_ms}};
+}
+
+json Enc(const MigrationPlan& m) {
+  return {{"replica_id", m.replica_id},
+          {"from_server_id", m.from_server_id},
+          {"to_server_id", m.to_server_id},
+          {"target_warm", m.target_warm},
+          {"scale_out_needed", m.scale_out_needed},
+          {"reason", m.reason}};
+}
+
 json Enc(const Status& s) {
   return {{"code", kCodeNames[static_cast<int>(s.code())]}, {"message", s.message()}};
 }
@@ -132,27 +150,29 @@ json EncDecision(const SchedulerDecision& decision) {
                           json j{{"candidates", d.choice.candidates},
                                  {"target_honoured", d.choice.target_honoured},
                                  {"note", d.choice.note}};
-                          if (d.migration) {
-                            const MigrationPlan& m = *d.migration;
-                            j["migration"] = {{"replica_id", m.replica_id},
-                                              {"from_server_id", m.from_server_id},
-                                              {"to_server_id", m.to_server_id},
-                                              {"target_warm", m.target_warm},
-                                              {"scale_out_needed", m.scale_out_needed},
-                                              {"reason", m.reason}};
-                          } else {
-                            j["migration"] = nullptr;
-                          }
+                          j["migration"] = d.migration ? Enc(*d.migration) : json(nullptr);
                           return j;
                         },
                         [](const TickDecision& t) {
-                          return json{{"cluster_ratio", t.cluster_ratio},
-                                      {"demand_gpus", t.demand_gpus},
-                                      {"busy_gpus", t.busy_gpus},
-                                      {"scaling_evaluated", t.scaling_evaluated},
-                                      {"add_hosts", t.scaling.add_hosts},
-                                      {"release_server_ids", t.scaling.release_server_ids},
-                                      {"reason", t.scaling.reason}};
+                          json j{{"cluster_ratio", t.cluster_ratio},
+                                 {"demand_gpus", t.demand_gpus},
+                                 {"busy_gpus", t.busy_gpus},
+                                 {"scaling_evaluated", t.scaling_evaluated},
+                                 {"add_hosts", t.scaling.add_hosts},
+                                 {"release_server_ids", t.scaling.release_server_ids},
+                                 {"reason", t.scaling.reason}};
+                          // Written only when there are moves, so that journals from before
+                          // rebalancing existed (and runs with it off) keep their bytes.
+                          if (!t.rebalance.empty()) {
+                            json moves = json::array();
+                            for (const RebalancePlan& p : t.rebalance) {
+                              json m = Enc(p.plan);
+                              m["kernel_id"] = p.kernel_id;
+                              moves.push_back(std::move(m));
+                            }
+                            j["rebalance"] = std::move(moves);
+                          }
+                          return j;
                         },
                     },
                     decision);
@@ -264,7 +284,9 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
           {{"max_subscription_ratio", options.max_subscription_ratio},
            {"ratio_window", options.ratio_window},
            {"auto_scaling", options.auto_scaling},
-           {"scaling", Enc(options.scaling)}}}};
+           {"scaling", Enc(options.scaling)},
+           {"pack_gpus", options.pack_gpus},
+           {"rebalance", Enc(options.rebalance)}}}};
   return j.dump();
 }
 
@@ -290,9 +312,21 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
     options.scaling.max_hosts = s.at("max_hosts").get<int32_t>();
     options.scaling.max_release_per_round = s.at("max_release_per_round").get<int32_t>();
     options.scaling.gpus_per_host = s.at("gpus_per_host").get<int32_t>();
+    // Absent in journals written before packing and rebalancing existed: they were off.
+    options.pack_gpus = o.value("pack_gpus", false);
+    if (const auto r = o.find("rebalance"); r != o.end()) {
+      options.rebalance.enabled = r->at("enabled").get<bool>();
+      options.rebalance.max_per_tick = r->at("max_per_tick").get<int32_t>();
+      options.rebalance.kernel_cooldown_ms = r->at("kernel_cooldown_ms").get<int64_t>();
+      options.rebalance.min_gpus = r->at("min_gpus").get<int32_t>();
+      options.rebalance.spare_servers_max_replicas =
+          r->at("spare_servers_max_replicas").get<int32_t>();
+      options.rebalance.releasable_target_idle_max_ms =
+          r->at("releasable_target_idle_max_ms").get<int64_t>();
+    }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||
-        options.scaling.buffer_hosts < 0) {
+        options.scaling.buffer_hosts < 0 || options.rebalance.max_per_tick < 0) {
       return InvalidArgument("journal header has invalid scheduler options");
     }
     return options;

@@ -7,6 +7,12 @@
 // seq counts records from 1. "outcome" is {"status":{"code":..,"message":..},"decision":{...}},
 // with decision null for mutations and errors. Keys are written sorted, so encoding the same
 // outcome twice gives the same bytes; replay compares those bytes.
+// A tick's decision carries "rebalance" (its proactive moves, each a migration plan plus
+// "kernel_id") only when it has some, and the header's options carry "rebalance" (read as off
+// when absent), so journals written before proactive rebalancing still replay.
+// Scheduler state that the cluster view does not hold (a kernel's committed GPUs, pending
+// executor request, last cell size, last proactive move) is derived from the journaled events,
+// so replay re-derives it too.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@ namespace nbos::sched {
 Result<MigrationPlan> ChooseMigration(const ClusterState& cluster, const KernelView& kernel,
                                       int32_t gpus_needed,
                                       const std::set<std::string, std::less<>>& warm_servers,
-                                      const std::set<uint32_t>& excluded_replicas) {
+                                      const std::set<uint32_t>& excluded_replicas, bool pack_gpus) {
   if (gpus_needed < 0) return InvalidArgument("negative GPU need");
   Resources need = kernel.request;
   need.gpus = std::max(need.gpus, gpus_needed);
@@ -47,8 +47,8 @@ Result<MigrationPlan> ChooseMigration(const ClusterState& cluster, const KernelV
         !SubscriptionFits(server, kernel.request)) {
       continue;
     }
-    TargetKey key{!warm_servers.contains(id), -server.IdleGpus(), HostSubscriptionRatio(server),
-                  std::string_view(id)};
+    TargetKey key{!warm_servers.contains(id), pack_gpus ? server.IdleGpus() : -server.IdleGpus(),
+                  HostSubscriptionRatio(server), std::string_view(id)};
     if (target == nullptr || key < best_target) {
       target = &server;
       best_target = key;

@@ -25,13 +25,16 @@ struct MigrationPlan {
 // then the one on the server with the highest SR_h, then fewest idle GPUs, then lowest replica
 // id. Replicas in `excluded_replicas` are not moved.
 // Target: accepting, >= gpus_needed idle GPUs, holds no replica of this kernel, and
-// SubscriptionFits(kernel.request). Ordered: listed in `warm_servers`, then most idle GPUs, then
-// lowest SR_h, then server_id. The cluster ratio is deliberately not applied: a cell is waiting.
+// SubscriptionFits(kernel.request). Ordered: listed in `warm_servers`, then most idle GPUs (with
+// pack_gpus: fewest, i.e. best fit, so that a small cell does not take a wholly idle server),
+// then lowest SR_h, then server_id. The cluster ratio is deliberately not applied: a cell is
+// waiting.
 // Errors: InvalidArgument for gpus_needed < 0, a kernel without a movable replica, or gpus_needed
 // above the largest server's GPUs (named in the message).
 Result<MigrationPlan> ChooseMigration(const ClusterState& cluster, const KernelView& kernel,
                                       int32_t gpus_needed,
                                       const std::set<std::string, std::less<>>& warm_servers = {},
-                                      const std::set<uint32_t>& excluded_replicas = {});
+                                      const std::set<uint32_t>& excluded_replicas = {},
+                                      bool pack_gpus = false);
 
 }  // namespace nbos::sched

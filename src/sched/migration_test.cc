@@ -42,6 +42,24 @@ TEST(MigrationTest, PrefersMostIdleTargetThenWarm) {
   EXPECT_EQ(plan->to_server_id, "e");
 }
 
+TEST(MigrationTest, PackingTakesTheTightestFitAndSparesTheWholeIdleServer) {
+  ClusterState c = MakeCluster();
+  Result<MigrationPlan> plan = ChooseMigration(c, *c.FindKernel("k"), 2, {}, {}, true);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->to_server_id, "d");  // 4 idle GPUs, not e's 8; d before f by id
+  ASSERT_TRUE(c.Commit("f", Gpus(2)).ok());
+  plan = ChooseMigration(c, *c.FindKernel("k"), 2, {}, {}, true);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->to_server_id, "f");  // exactly 2 idle
+  // A whole-server need still goes where it fits; warm servers still come first.
+  plan = ChooseMigration(c, *c.FindKernel("k"), 8, {}, {}, true);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->to_server_id, "e");
+  plan = ChooseMigration(c, *c.FindKernel("k"), 2, {"e"}, {}, true);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->to_server_id, "e");
+}
+
 TEST(MigrationTest, MovesReplicaFromMostSubscribedServer) {
   ClusterState c = MakeCluster();
   ASSERT_TRUE(c.AddKernel(Kernel("other", Req(2), {"b"})).ok());

@@ -1,5 +1,6 @@
 #include "sched/scheduler.h"
 
+#include <algorithm>
 #include <cassert>
 #include <limits>
 #include <type_traits>
@@ -38,6 +39,10 @@ SchedulerOutcome Scheduler::Apply(int64_t now_ms, const SchedulerEvent& event) {
   assert(now_ms >= last_event_ms_ && "time must not go backwards");
   last_event_ms_ = now_ms;
   SchedulerOutcome outcome = Handle(event);
+  if (outcome.status.ok()) {
+    NoteEvent(event);
+    if (!std::holds_alternative<Tick>(event)) rebalance_stale_ = true;
+  }
   if (observer_ != nullptr) observer_->OnEvent(now_ms, event, outcome);
   return outcome;
 }
@@ -123,11 +128,11 @@ Result<ExecutorDecision> Scheduler::Execute(const ExecutorRequested& request) co
   if (kernel == nullptr) return NotFound("no kernel '" + request.kernel_id + "'");
   const int32_t gpus = request.gpus < 0 ? kernel->request.gpus : request.gpus;
   ExecutorDecision decision;
-  decision.choice =
-      ChooseExecutor(cluster_, *kernel, gpus, request.excluded_replicas, request.target_replica);
+  decision.choice = ChooseExecutor(cluster_, *kernel, gpus, request.excluded_replicas,
+                                   request.target_replica, options_.pack_gpus);
   if (decision.choice.candidates.empty() && gpus > 0) {
-    Result<MigrationPlan> plan =
-        ChooseMigration(cluster_, *kernel, gpus, request.warm_servers, request.excluded_replicas);
+    Result<MigrationPlan> plan = ChooseMigration(cluster_, *kernel, gpus, request.warm_servers,
+                                                 request.excluded_replicas, options_.pack_gpus);
     if (!plan.ok()) return plan.status();
     decision.migration = std::move(plan).value();
   }
@@ -144,7 +149,70 @@ TickDecision Scheduler::DoTick() {
     tick.scaling_evaluated = true;
     tick.scaling = DecideScaling(cluster_, options_.scaling);
   }
+  if (options_.rebalance.enabled &&
+      (rebalance_stale_ || last_event_ms_ >= rebalance_quiet_until_ms_ ||
+       tick.scaling.release_server_ids != rebalance_excluded_)) {
+    std::vector<IdleKernel> idle;
+    for (const auto& [id, a] : activity_) {
+      if (a.committed_gpus > 0 || a.executor_pending) continue;
+      // The last cell's GPU count predicts the next one better than the request (the session's
+      // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
+      idle.push_back({a.kernel, a.last_cell_gpus >= 0 ? a.last_cell_gpus : a.kernel->request.gpus,
+                      a.last_active_ms, a.last_rebalanced_ms});
+    }
+    const std::set<std::string, std::less<>> releasing(tick.scaling.release_server_ids.begin(),
+                                                       tick.scaling.release_server_ids.end());
+    RebalanceChoice choice =
+        ChooseRebalance(cluster_, idle, last_event_ms_, options_.rebalance, releasing);
+    tick.rebalance = std::move(choice.plans);
+    rebalance_stale_ = false;
+    rebalance_quiet_until_ms_ = choice.quiet_until_ms;
+    // The release candidates shape the choice and can change without an event (the ratio
+    // window), so a change of them also calls for a new choice.
+    rebalance_excluded_ = tick.scaling.release_server_ids;
+    for (const RebalancePlan& p : tick.rebalance) {
+      activity_[p.kernel_id].last_rebalanced_ms = last_event_ms_;
+    }
+  }
   return tick;
+}
+
+void Scheduler::NoteEvent(const SchedulerEvent& event) {
+  const int64_t now_ms = last_event_ms_;
+  auto touch = [&](const std::string& kernel_id) -> KernelActivity* {
+    const auto it = activity_.find(kernel_id);
+    if (it == activity_.end()) return nullptr;
+    it->second.last_active_ms = now_ms;
+    return &it->second;
+  };
+  std::visit(Overloaded{
+                 [&](const KernelPlaced& e) {
+                   activity_[e.kernel.kernel_id] = KernelActivity{
+                       .kernel = cluster_.FindKernel(e.kernel.kernel_id), .last_active_ms = now_ms};
+                 },
+                 [&](const KernelRemoved& e) { activity_.erase(e.kernel_id); },
+                 [&](const ExecutorRequested& e) {
+                   KernelActivity* a = touch(e.kernel_id);
+                   if (a == nullptr) return;
+                   const KernelView* k = cluster_.FindKernel(e.kernel_id);
+                   a->last_cell_gpus = e.gpus < 0 ? k->request.gpus : e.gpus;
+                   // A GPU-less cell gets no grant, so it would never clear the flag.
+                   a->executor_pending = a->last_cell_gpus > 0;
+                 },
+                 [&](const GrantCommitted& e) {
+                   if (KernelActivity* a = touch(e.kernel_id)) {
+                     a->committed_gpus += e.resources.gpus;
+                     a->executor_pending = false;
+                   }
+                 },
+                 [&](const GrantReleased& e) {
+                   if (KernelActivity* a = touch(e.kernel_id)) {
+                     a->committed_gpus -= std::min(a->committed_gpus, e.resources.gpus);
+                   }
+                 },
+                 [](const auto&) {},
+             },
+             event);
 }
 
 // ---- Typed conveniences -----------------------------------------------------------------------

@@ -10,17 +10,21 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "common/status.h"
 #include "sched/cluster.h"
 #include "sched/executor.h"
 #include "sched/migration.h"
 #include "sched/placement.h"
+#include "sched/rebalance.h"
 #include "sched/scaling.h"
 #include "sched/subscription.h"
 
@@ -33,6 +37,13 @@ struct SchedulerOptions {
   // reference's canScaleIn), so the first ratio_window - 1 ticks only sample.
   bool auto_scaling = true;
   ScalingOptions scaling;
+  // Executor and migration-target choice pack cells by best fit and keep wholly idle servers for
+  // whole-server cells (executor.h, migration.h). Off by default (the gateway's behaviour: most
+  // idle GPUs first); `nbos sim` turns it on for notebookos.
+  bool pack_gpus = false;
+  // Proactive rebalancing of idle kernels on Tick (rebalance.h). Off by default: the gateway
+  // ignores TickDecision::rebalance; `nbos sim` turns it on for notebookos.
+  RebalanceOptions rebalance;
 };
 
 // ---- Inputs -----------------------------------------------------------------------------------
@@ -134,6 +145,13 @@ struct TickDecision {
   int64_t busy_gpus = 0;
   bool scaling_evaluated = false;  // auto_scaling on and the ratio window full
   ScalingDecision scaling;         // meaningful when scaling_evaluated
+  // With options.rebalance.enabled: proactive moves of idle kernels' replicas (ChooseRebalance
+  // over the kernels with no GPUs committed and no executor request pending, never to a server
+  // in scaling.release_server_ids). The caller carries each out like a migration (ReplicaAdded,
+  // then ReplicaRemoved) and should apply them before releasing servers; a plan it skips (e.g.
+  // the kernel is busy by its own reckoning) is simply dropped. The kernel counts as moved at
+  // this tick for the cooldown whether or not the caller carries the plan out.
+  std::vector<RebalancePlan> rebalance;
 };
 
 // What an event produced. Mutations give std::monostate (or an error Status).
@@ -159,6 +177,11 @@ class Scheduler {
  public:
   // options must be valid (asserted): ratio cap > 0, window > 0, gpus_per_host > 0.
   explicit Scheduler(SchedulerOptions options = {});
+  // Movable, not copyable: it keeps pointers into its own cluster view.
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+  Scheduler(Scheduler&&) = default;
+  Scheduler& operator=(Scheduler&&) = default;
 
   // nullptr detaches. The observer must outlive its attachment.
   void set_observer(SchedulerObserver* observer) { observer_ = observer; }
@@ -195,12 +218,32 @@ class Scheduler {
   Result<Placement> Place(const PlacementRequested& request) const;
   Result<ExecutorDecision> Execute(const ExecutorRequested& request) const;
   TickDecision DoTick();
+  // Bookkeeping for rebalancing, from events that the cluster view does not keep.
+  void NoteEvent(const SchedulerEvent& event);
+
+  // What the scheduler has seen a kernel do (for rebalancing), keyed by kernel id; entries are
+  // made by KernelPlaced and erased by KernelRemoved.
+  struct KernelActivity {
+    const KernelView* kernel = nullptr;  // in cluster_ (map nodes stay put until removed)
+    int32_t committed_gpus = 0;          // granted to its replicas and not yet released
+    bool executor_pending = false;       // an executor was requested and no grant has followed yet
+    int32_t last_cell_gpus = -1;         // GPUs of its last executor request; < 0: none yet
+    int64_t last_active_ms = 0;
+    int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
+  };
 
   SchedulerOptions options_;
   ClusterState cluster_;
   SubscriptionRatio ratio_;
   SchedulerObserver* observer_ = nullptr;
   int64_t last_event_ms_ = 0;
+  std::map<std::string, KernelActivity, std::less<>> activity_;
+  // Rebalancing is recomputed on a tick only after some event, or from rebalance_quiet_until_ms_
+  // on (ChooseRebalance's quiet_until_ms), or when the tick's release candidates (excluded as
+  // targets) differ from those of the last choice.
+  bool rebalance_stale_ = true;
+  int64_t rebalance_quiet_until_ms_ = 0;
+  std::vector<std::string> rebalance_excluded_;
 };
 
 }  // namespace nbos::sched

@@ -114,6 +114,115 @@ TEST(SchedulerTest, TickSamplesAndScalesOnlyWithFullWindow) {
   for (int i = 1; i <= 4; ++i) EXPECT_FALSE(off.OnTick(i * 15000).scaling_evaluated);
 }
 
+SchedulerOptions RebalancingOptions() {
+  SchedulerOptions o = Options();
+  o.auto_scaling = false;
+  o.rebalance.enabled = true;
+  o.rebalance.max_per_tick = 1;
+  o.rebalance.kernel_cooldown_ms = 60000;
+  return o;
+}
+
+// Kernel k (8 GPUs) on s0..s2 with s3 idle: the state every rebalancing scenario starts from.
+Scheduler WithIdleKernel(SchedulerOptions o = RebalancingOptions()) {
+  Scheduler s = WithServers(4, o);
+  EXPECT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(8), {"s0", "s1", "s2"})).ok());
+  return s;
+}
+
+void FillReplicaServers(Scheduler& s, int64_t now_ms) {
+  for (const char* id : {"s0", "s1", "s2"}) {
+    ASSERT_TRUE(s.OnGrantCommitted(now_ms, {"", 0, id, Req(8, 0, 0)}).ok());
+  }
+}
+
+TEST(SchedulerRebalanceTest, IdleKernelWithFullReplicaServersMovesToTheIdleServer) {
+  Scheduler s = WithIdleKernel();
+  FillReplicaServers(s, 1);
+  TickDecision t = s.OnTick(15000);
+  ASSERT_EQ(t.rebalance.size(), 1u);
+  EXPECT_EQ(t.rebalance[0].kernel_id, "k");
+  EXPECT_EQ(t.rebalance[0].plan.to_server_id, "s3");
+  // The caller carries it out; the kernel is covered from then on.
+  ASSERT_TRUE(s.OnReplicaAdded(15000, "k", 4, "s3").ok());
+  ASSERT_TRUE(s.OnReplicaRemoved(15000, "k", t.rebalance[0].plan.replica_id).ok());
+  EXPECT_TRUE(s.OnTick(30000).rebalance.empty());
+}
+
+TEST(SchedulerRebalanceTest, OffByDefaultAsTheGatewayRunsIt) {
+  SchedulerOptions o = Options();
+  o.auto_scaling = false;
+  EXPECT_FALSE(o.rebalance.enabled);
+  Scheduler s = WithIdleKernel(o);
+  FillReplicaServers(s, 1);
+  EXPECT_TRUE(s.OnTick(15000).rebalance.empty());
+}
+
+TEST(SchedulerRebalanceTest, NoMoveWhileACellRunsOrWaitsForAnExecutor) {
+  Scheduler s = WithIdleKernel();
+  // k's own cell runs on s0; s1 and s2 are taken by others.
+  ASSERT_TRUE(s.OnGrantCommitted(1, {"k", 1, "s0", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(1, {"", 0, "s1", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(1, {"", 0, "s2", Req(8, 0, 0)}).ok());
+  EXPECT_TRUE(s.OnTick(15000).rebalance.empty());
+  // The cell ends and another kernel takes s0 at once: now k is idle and uncovered.
+  ASSERT_TRUE(s.OnGrantReleased(20000, {"k", 1, "s0", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(20000, {"", 0, "s0", Req(8, 0, 0)}).ok());
+  // A cell asks for an executor (and, say, waits for a new server): still no proactive move.
+  ASSERT_TRUE(s.OnGrantCommitted(20000, {"", 0, "s3", Req(8, 0, 0)}).ok());
+  auto d = s.RequestExecutor(21000, {.kernel_id = "k"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->migration.has_value() && d->migration->scale_out_needed);
+  ASSERT_TRUE(s.OnGrantReleased(22000, {"", 0, "s3", Req(8, 0, 0)}).ok());
+  EXPECT_TRUE(s.OnTick(30000).rebalance.empty());
+  // Once that cell has run and ended, the kernel may move.
+  ASSERT_TRUE(s.OnReplicaAdded(31000, "k", 4, "s3").ok());
+  ASSERT_TRUE(s.OnReplicaRemoved(31000, "k", 1).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(31000, {"k", 4, "s3", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantReleased(40000, {"k", 4, "s3", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(40000, {"", 0, "s3", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnServerJoined(41000, Server("s4", 8)).ok());
+  TickDecision t = s.OnTick(45000);
+  ASSERT_EQ(t.rebalance.size(), 1u);
+  EXPECT_EQ(t.rebalance[0].plan.to_server_id, "s4");
+}
+
+TEST(SchedulerRebalanceTest, BoundPerTickAndCooldown) {
+  SchedulerOptions o = RebalancingOptions();
+  o.rebalance.max_per_tick = 2;
+  Scheduler s = WithServers(6, o);
+  for (const char* k : {"k1", "k2", "k3"}) {
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel(k, Req(8), {"s0", "s1", "s2"})).ok());
+  }
+  FillReplicaServers(s, 1);
+  TickDecision t = s.OnTick(15000);
+  ASSERT_EQ(t.rebalance.size(), 2u);
+  // The caller skips both plans (e.g. it found the kernels busy): they are in cooldown anyway,
+  // so the next tick moves only the third kernel.
+  t = s.OnTick(30000);
+  ASSERT_EQ(t.rebalance.size(), 1u);
+  const std::string third = t.rebalance[0].kernel_id;
+  EXPECT_TRUE(s.OnTick(45000).rebalance.empty());
+  t = s.OnTick(75000);  // 60 s after the first two
+  EXPECT_EQ(t.rebalance.size(), 2u);
+  for (const RebalancePlan& p : t.rebalance) EXPECT_NE(p.kernel_id, third);
+}
+
+TEST(SchedulerRebalanceTest, NeverToAServerTheSameTickReleases) {
+  SchedulerOptions o = RebalancingOptions();
+  o.auto_scaling = true;
+  o.ratio_window = 1;
+  o.scaling.max_release_per_round = 1;
+  Scheduler s = WithServers(5, o);  // s3, s4 idle; load 24 → target 4 (min 3): one goes
+  ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(8), {"s0", "s1", "s2"})).ok());
+  FillReplicaServers(s, 1);
+  TickDecision t = s.OnTick(15000);
+  ASSERT_TRUE(t.scaling_evaluated);
+  ASSERT_EQ(t.scaling.release_server_ids, std::vector<std::string>{"s3"});
+  ASSERT_EQ(t.rebalance.size(), 1u);
+  EXPECT_EQ(t.rebalance[0].plan.to_server_id, "s4");
+}
+
 // Runs a fixed event sequence through a scheduler with a journal attached.
 std::string RecordedJournal() {
   std::ostringstream out;
@@ -182,6 +291,79 @@ TEST(JournalTest, CorruptedDecisionIsTheFirstMismatch) {
   EXPECT_FALSE(report->matched);
   EXPECT_EQ(report->mismatch_seq, 5);
   EXPECT_NE(report->mismatch.find("placement"), std::string::npos) << report->mismatch;
+}
+
+TEST(JournalTest, RebalanceDecisionsReplayAndOldHeadersReadAsOff) {
+  std::ostringstream out;
+  const SchedulerOptions o = RebalancingOptions();
+  {
+    Scheduler s = WithIdleKernel(o);
+    JournalWriter journal(out, o);
+    s.set_observer(&journal);
+    FillReplicaServers(s, 1);
+    TickDecision t = s.OnTick(15000);
+    ASSERT_EQ(t.rebalance.size(), 1u);
+    ASSERT_TRUE(s.OnReplicaAdded(15000, "k", 4, "s3").ok());
+    ASSERT_TRUE(s.OnReplicaRemoved(15000, "k", t.rebalance[0].plan.replica_id).ok());
+    s.OnTick(30000);
+  }
+  // The journal starts after the servers and the kernel: prepend them so it replays alone.
+  std::string journal = out.str();
+  const std::string header = journal.substr(0, journal.find('\n') + 1);
+  std::string prefix;
+  {
+    std::ostringstream pre;
+    Scheduler s(o);
+    JournalWriter w(pre, o);
+    s.set_observer(&w);
+    for (int i = 0; i < 4; ++i)
+      ASSERT_TRUE(s.OnServerJoined(0, Server("s" + std::to_string(i), 8)).ok());
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(8), {"s0", "s1", "s2"})).ok());
+    prefix = pre.str();
+  }
+  // Renumber: records only need increasing time, seq is informational.
+  std::string full = prefix + journal.substr(header.size());
+  EXPECT_NE(full.find("\"rebalance\":[{"), std::string::npos);
+  EXPECT_NE(full.find("\"to_server_id\":\"s3\""), std::string::npos);
+  std::istringstream in(full);
+  auto report = ReplayJournal(in);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->matched) << report->mismatch;
+  EXPECT_EQ(report->records, 5 + 3 + 1 + 2 + 1);
+
+  // Replayed with rebalancing off, the tick's plan is a mismatch: the options matter.
+  SchedulerOptions off = o;
+  off.rebalance.enabled = false;
+  std::istringstream mismatched(EncodeJournalHeader(off) + "\n" + full.substr(full.find('\n') + 1));
+  report = ReplayJournal(mismatched);
+  ASSERT_TRUE(report.ok());
+  EXPECT_FALSE(report->matched);
+  EXPECT_NE(report->mismatch.find("tick"), std::string::npos) << report->mismatch;
+
+  // A header from before rebalancing existed decodes with it off.
+  std::string old_header = EncodeJournalHeader(Options());
+  const size_t at = old_header.find(",\"rebalance\":");
+  ASSERT_NE(at, std::string::npos);
+  old_header.erase(at, old_header.find('}', at) + 1 - at);
+  const size_t pack = old_header.find(",\"pack_gpus\":false");
+  ASSERT_NE(pack, std::string::npos);
+  old_header.erase(pack, std::string(",\"pack_gpus\":false").size());
+  auto decoded = DecodeJournalHeader(old_header);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString() << " " << old_header;
+  EXPECT_FALSE(decoded->rebalance.enabled);
+  EXPECT_FALSE(decoded->pack_gpus);
+  SchedulerOptions packed = o;
+  packed.pack_gpus = true;
+  packed.rebalance.spare_servers_max_replicas = 4;
+  packed.rebalance.releasable_target_idle_max_ms = 123;
+  auto roundtrip = DecodeJournalHeader(EncodeJournalHeader(packed));
+  ASSERT_TRUE(roundtrip.ok());
+  EXPECT_TRUE(roundtrip->rebalance.enabled);
+  EXPECT_EQ(roundtrip->rebalance.max_per_tick, 1);
+  EXPECT_EQ(roundtrip->rebalance.kernel_cooldown_ms, 60000);
+  EXPECT_TRUE(roundtrip->pack_gpus);
+  EXPECT_EQ(roundtrip->rebalance.spare_servers_max_replicas, 4);
+  EXPECT_EQ(roundtrip->rebalance.releasable_target_idle_max_ms, 123);
 }
 
 TEST(JournalTest, MalformedJournalIsAnError) {

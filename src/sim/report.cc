@@ -145,14 +145,16 @@ std::string MarkdownReport(const std::vector<SimResult>& results, const std::str
   md +=
       "\nWhy cells were not immediate (counts of cells; docs/decisions/0004-simulator.md):\n\n"
       "| policy | idle reclaim (min) | not immediate | migrated at once | waited, migration | "
-      "waited, placement | other | of them whole-host cells |\n|---|---|---|---|---|---|---|---|\n";
+      "waited, placement | waited, proactive move | other | of them whole-host cells | "
+      "migrations (of them proactive) |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (const SimResult& r : results) {
-    md +=
-        fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", r.policy,
-                    r.idle_reclaim_min == 0 ? "none" : std::to_string(r.idle_reclaim_min),
-                    r.late_migrated + r.late_migration_wait + r.late_placement_wait + r.late_other,
-                    r.late_migrated, r.late_migration_wait, r.late_placement_wait, r.late_other,
-                    r.late_whole_host);
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) |\n", r.policy,
+                      r.idle_reclaim_min == 0 ? "none" : std::to_string(r.idle_reclaim_min),
+                      r.late_migrated + r.late_migration_wait + r.late_placement_wait +
+                          r.late_rebalance_wait + r.late_other,
+                      r.late_migrated, r.late_migration_wait, r.late_placement_wait,
+                      r.late_rebalance_wait, r.late_other, r.late_whole_host, r.migrations,
+                      r.proactive_migrations);
   }
   md +=
       "\n![interactivity delay CDF](delay_cdf.svg)\n\n![task completion time CDF](tct_cdf.svg)"

@@ -35,7 +35,8 @@ SimOptions Opts(Policy p) {
 }
 
 int64_t NotImmediate(const SimResult& r) {
-  return r.late_migrated + r.late_migration_wait + r.late_placement_wait + r.late_other;
+  return r.late_migrated + r.late_migration_wait + r.late_placement_wait + r.late_rebalance_wait +
+         r.late_other;
 }
 
 TEST(SimTest, OracleIsPolicyIndependent) {
@@ -170,6 +171,48 @@ TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
   ASSERT_TRUE(drained.ok());
   EXPECT_GT(drained->hosts_released, 0);
   EXPECT_GT(drained->migrations, 0);
+}
+
+// Session a (8 GPUs) idles after its first cell while b, c, d take all 3 hosts for an hour; the
+// auto-scaler adds a 4th host, which joins at 420 s (and a 5th once a's second cell runs too).
+// a's second cell comes at `second_ms`.
+Workload IdleKernelCrowdedOut(int64_t second_ms) {
+  Workload w;
+  w.sessions.push_back(
+      Session{"a", 0, second_ms + 60000, 8, {{60000, 60000, 8}, {second_ms, 60000, 8}}});
+  for (const char* id : {"b", "c", "d"}) {
+    w.sessions.push_back(Session{id, 0, 300000 + 3600000, 8, {{300000, 3600000, 8}}});
+  }
+  return w;
+}
+
+SimOptions CrowdedOptions(bool rebalance) {
+  SimOptions o = Opts(Policy::kNotebookOS);
+  if (!rebalance) o.config.rebalance_per_tick = 0;
+  return o;
+}
+
+TEST(SimTest, ProactiveRebalancingMovesAnIdleKernelOffTheCriticalPath) {
+  auto off = Simulate(IdleKernelCrowdedOut(1800000), CrowdedOptions(false));
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->proactive_migrations, 0);
+  EXPECT_EQ(off->late_migrated, 1);  // a's second cell migrates when it arrives
+  auto on = Simulate(IdleKernelCrowdedOut(1800000), CrowdedOptions(true));
+  ASSERT_TRUE(on.ok());
+  EXPECT_EQ(on->proactive_migrations, 1);  // at the tick after the 4th host joined
+  EXPECT_EQ(on->migrations, 1);
+  EXPECT_DOUBLE_EQ(on->pct_immediate, 100.0);
+  EXPECT_EQ(NotImmediate(*on), 0);
+}
+
+TEST(SimTest, ACellArrivingDuringAProactiveMoveWaitsAndIsNotImmediate) {
+  // The move starts at the 420 s tick: a cold start (1.3 s) and catch-up (1 s) later it is done.
+  auto r = Simulate(IdleKernelCrowdedOut(421000), CrowdedOptions(true));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->proactive_migrations, 1);
+  EXPECT_EQ(r->late_rebalance_wait, 1);
+  EXPECT_EQ(NotImmediate(*r), 1);
+  EXPECT_NEAR(r->delay_cdf_s.back(), 420.0 + 1.3 + 1.0 + 0.005 - 421.0, 1e-9);
 }
 
 TEST(SimTest, RejectsSessionsLargerThanAHost) {

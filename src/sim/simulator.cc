@@ -19,18 +19,40 @@ namespace {
 using nlohmann::json;
 
 // Every SimConfig field, once: the config file reader and the report writer both use this list.
-#define NBOS_SIM_CONFIG_FIELDS(X)                                                                  \
-  X(process_start_ms)                                                                              \
-  X(warm_promote_ms)                                                                               \
-  X(raft_commit_ms)                                                                                \
-  X(migration_catchup_ms)                                                                          \
-  X(state_restore_ms)                                                                              \
-  X(state_write_ms)                                                                                \
-  X(provision_ms) X(scaling_interval_ms) X(warm_pool_interval_ms) X(jitter) X(replica_millicpus)   \
-      X(replica_memory_mb) X(host_millicpus) X(host_memory_mb) X(min_hosts) X(buffer_hosts)        \
-          X(scaling_factor) X(scaling_limit) X(max_release_per_round) X(release_max_replicas)      \
-              X(max_subscription_ratio) X(warm_per_host) X(lcp_warm_per_host) X(gpu_hour_cost_usd) \
-                  X(gpu_hour_price_usd) X(standby_price_fraction)
+// clang-format off (it reflows this list differently on every run)
+#define NBOS_SIM_CONFIG_FIELDS(X)     \
+  X(process_start_ms)                 \
+  X(warm_promote_ms)                  \
+  X(raft_commit_ms)                   \
+  X(migration_catchup_ms)             \
+  X(state_restore_ms)                 \
+  X(state_write_ms)                   \
+  X(provision_ms)                     \
+  X(scaling_interval_ms)              \
+  X(warm_pool_interval_ms)            \
+  X(jitter)                           \
+  X(replica_millicpus)                \
+  X(replica_memory_mb)                \
+  X(host_millicpus)                   \
+  X(host_memory_mb)                   \
+  X(min_hosts)                        \
+  X(buffer_hosts)                     \
+  X(scaling_factor)                   \
+  X(scaling_limit)                    \
+  X(max_release_per_round)            \
+  X(release_max_replicas)             \
+  X(max_subscription_ratio)           \
+  X(rebalance_per_tick)               \
+  X(rebalance_cooldown_ms)            \
+  X(rebalance_min_gpus)               \
+  X(rebalance_releasable_idle_max_ms) \
+  X(pack_gpus)                        \
+  X(warm_per_host)                    \
+  X(lcp_warm_per_host)                \
+  X(gpu_hour_cost_usd)                \
+  X(gpu_hour_price_usd)               \
+  X(standby_price_fraction)
+// clang-format on
 
 constexpr double kMsPerHour = 3600e3;
 
@@ -86,7 +108,8 @@ struct SessionState {
   bool waiting = false;  // in the wait list (scale-out or GPUs)
   bool restore = false;  // the next placement restores state (after reclamation)
   bool had_cell = false;
-  int64_t ready_ms = 0;  // replicas up
+  int64_t ready_ms = 0;              // replicas up
+  int64_t rebalancing_until_ms = 0;  // a proactive migration of a replica completes then
   std::deque<QueuedCell> queue;
   bool running = false;
   int64_t last_end_ms = 0;
@@ -543,11 +566,15 @@ class Sim {
       end_ms += Lat(c_.state_write_ms);
     }
     ++cells_run_;
-    if (now == arrival_ms && !migrated) {
+    // A cell that arrives while a proactive move of its kernel is in flight waits for it.
+    const bool rebalancing = arrival_ms < s.rebalancing_until_ms;
+    if (now == arrival_ms && !migrated && !rebalancing) {
       ++immediate_;
     } else {
-      if (now == arrival_ms) {
+      if (now == arrival_ms && migrated) {
         ++result_.late_migrated;
+      } else if (now == arrival_ms) {
+        ++result_.late_rebalance_wait;
       } else if (s.wait_cause == Late::kMigrationWait) {
         ++result_.late_migration_wait;
       } else if (s.wait_cause == Late::kPlacementWait) {
@@ -623,6 +650,9 @@ class Sim {
 
   void Tick(int64_t now) {
     const sched::TickDecision d = sched_.OnTick(now);
+    // Proactive moves before scale-in: their targets are never servers this tick releases, and a
+    // replica moved off a release candidate is one fewer to move there.
+    for (const sched::RebalancePlan& p : d.rebalance) Rebalance(now, p);
     if (d.scaling_evaluated) {
       if (d.scaling.add_hosts > 0) RequestHosts(now, d.scaling.add_hosts);
       bool released = false;
@@ -630,6 +660,32 @@ class Sim {
       if (released) ++result_.scale_in_events;
     }
     if (sessions_done_ < sessions_.size()) Push(now + c_.scaling_interval_ms, Ev::kTick, 0, 0);
+  }
+
+  // Carries out a proactive move as a migration off the critical path: the new replica starts
+  // (warm promotion or cold start) and catches up; a cell arriving before then waits for it and
+  // is not immediate. Skipped when the session is busy by the simulator's own reckoning.
+  void Rebalance(int64_t now, const sched::RebalancePlan& p) {
+    const auto i = static_cast<int32_t>(std::strtol(p.kernel_id.c_str() + 1, nullptr, 10));
+    SessionState& s = sessions_[i];
+    const sched::KernelView* k = sched_.cluster().FindKernel(p.kernel_id);
+    const sched::ServerView* to = sched_.cluster().FindServer(p.plan.to_server_id);
+    if (!s.held || s.running || s.waiting || !s.queue.empty() || k == nullptr ||
+        k->FindReplica(p.plan.replica_id) == nullptr || to == nullptr || !to->accepting ||
+        k->HasReplicaOn(p.plan.to_server_id)) {
+      return;
+    }
+    const uint32_t fresh = s.next_replica_id++;
+    Status st = sched_.OnReplicaAdded(now, p.kernel_id, fresh, p.plan.to_server_id);
+    assert(st.ok());
+    st = sched_.OnReplicaRemoved(now, p.kernel_id, p.plan.replica_id);
+    assert(st.ok());
+    (void)st;
+    const int64_t done_ms = now + StartOn(now, p.plan.to_server_id) + Lat(c_.migration_catchup_ms);
+    s.ready_ms = std::max(s.ready_ms, done_ms);
+    s.rebalancing_until_ms = std::max(s.rebalancing_until_ms, done_ms);
+    ++result_.migrations;
+    ++result_.proactive_migrations;
   }
 
   // Moves the standby replicas off `id`, then releases it. False (and the server keeps
@@ -877,6 +933,14 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
   s.scaling.max_hosts = options.max_hosts;
   s.scaling.max_release_per_round = c.max_release_per_round;
   s.scaling.gpus_per_host = options.gpus_per_host;
+  s.rebalance.enabled = options.policy == Policy::kNotebookOS && c.rebalance_per_tick > 0;
+  s.rebalance.max_per_tick = std::max(c.rebalance_per_tick, 0);
+  s.rebalance.kernel_cooldown_ms = c.rebalance_cooldown_ms;
+  s.rebalance.min_gpus = c.rebalance_min_gpus;
+  // Moves should not pin a server that scale-in could release (sched::RebalanceOptions).
+  s.rebalance.spare_servers_max_replicas = c.release_max_replicas;
+  s.rebalance.releasable_target_idle_max_ms = c.rebalance_releasable_idle_max_ms;
+  s.pack_gpus = options.policy == Policy::kNotebookOS && c.pack_gpus;
   return s;
 }
 
@@ -918,6 +982,7 @@ std::string ResultJson(const SimResult& r) {
           {{"migrated_at_once", r.late_migrated},
            {"migration_wait", r.late_migration_wait},
            {"placement_wait", r.late_placement_wait},
+           {"rebalance_wait", r.late_rebalance_wait},
            {"other", r.late_other},
            {"whole_host_cells", r.late_whole_host}}},
          {"delay_s", pct(r.delay_s)},
@@ -925,6 +990,7 @@ std::string ResultJson(const SimResult& r) {
          {"delay_cdf_s", r.delay_cdf_s},
          {"tct_cdf_s", r.tct_cdf_s},
          {"migrations", r.migrations},
+         {"proactive_migrations", r.proactive_migrations},
          {"hosts_added", r.hosts_added},
          {"hosts_released", r.hosts_released},
          {"scale_out_events", r.scale_out_events},

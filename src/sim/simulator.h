@@ -47,6 +47,16 @@ struct SimConfig {
   int32_t max_release_per_round = 2;
   int32_t release_max_replicas = 4;  // scale-in skips a server holding more replicas (< 0: any)
   double max_subscription_ratio = 7.0;
+  // notebookos: proactive rebalancing of idle kernels on every scaling tick
+  // (sched::RebalanceOptions); 0 turns it off.
+  int32_t rebalance_per_tick = 4;          // moves per tick
+  int64_t rebalance_cooldown_ms = 300000;  // a kernel moves proactively at most this often
+  int32_t rebalance_min_gpus = 1;          // only kernels whose next cell needs this many GPUs
+  // a kernel idle longer than this moves only to servers that scale-in would not release
+  int64_t rebalance_releasable_idle_max_ms = 7200000;
+  // notebookos: executor and migration target by best fit, sparing wholly idle servers
+  // (sched::SchedulerOptions::pack_gpus); false: most idle GPUs first.
+  bool pack_gpus = true;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
@@ -83,18 +93,21 @@ struct SimResult {
   double gpu_hours_oracle = 0;       // Σ cell GPUs × cell duration
   double pct_immediate = 0;          // cells whose GPUs were committed when they arrived
   double pct_executor_reuse = 0;     // cells run by the previous cell's executor
-  // Why the other cells were not immediate (the four sum to cells - immediate cells):
+  // Why the other cells were not immediate (the five sum to cells - immediate cells):
   int64_t late_migrated = 0;        // no replica's server could grant; a replica migrated to a
                                     // running server with idle GPUs at once (no wait)
   int64_t late_migration_wait = 0;  // no replica's server could grant and no running server
                                     // could take a replica: waited for a new server or freed GPUs
   int64_t late_placement_wait = 0;  // the kernel / container / reservation waited for placement
+  int64_t late_rebalance_wait = 0;  // arrived while its kernel's replica moved proactively
   int64_t late_other = 0;
   int64_t late_whole_host = 0;  // of all the not-immediate cells, those asking for a whole host
   Percentiles delay_s, tct_s;   // interactivity delay; task completion time
   std::vector<double> delay_cdf_s, tct_cdf_s;  // values at percentiles 0, 1, ..., 100
-  int64_t migrations = 0, hosts_added = 0, hosts_released = 0, scale_out_events = 0,
-          scale_in_events = 0, reclaims = 0, warm_promotions = 0, cold_starts = 0;
+  int64_t migrations = 0;                      // all: on a cell's path, scale-in and proactive
+  int64_t proactive_migrations = 0;            // of which proactive (rebalancing idle kernels)
+  int64_t hosts_added = 0, hosts_released = 0, scale_out_events = 0, scale_in_events = 0,
+          reclaims = 0, warm_promotions = 0, cold_starts = 0;
   int32_t peak_servers = 0;
   double mean_servers = 0;
   std::vector<std::pair<double, int32_t>> servers_over_time;  // (hour, max servers that hour)

@@ -1,10 +1,13 @@
 """Faults below the gateway, with `nbos gateway` and `nbos daemon` started one by one: a server
 whose data store is unreachable makes kernel starts fail at once with a clear error (not after
-the start timeout), nothing is left behind, and the gateway keeps serving."""
+the start timeout), nothing is left behind, and the gateway keeps serving; replicas of kernels
+deleted while their daemons were not registered, or lost from the gateway's database, are
+stopped."""
 
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -36,31 +39,108 @@ class Processes:
                 p.wait()
 
 
+class SplitCluster:
+    """A gateway and three daemons started one by one; `dead_store_host` (1-3 or None) gets a
+    blob store nothing listens on."""
+
+    def __init__(self, dead_store_host=None):
+        self.ps = Processes()
+        self.token = "faults-token"
+        self.control = f"127.0.0.1:{free_port()}"
+        self.port = free_port()
+        self.gateway = self.start_gateway()
+        dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+        for i in (1, 2, 3):
+            store = dead_store if i == dead_store_host else f"dir://{self.ps.root}/blobs"
+            self.ps.start(f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway",
+                          self.control, "--gpus", "1", "--virtual-gpus", "--state-dir",
+                          f"{self.ps.root}/host-{i}", "--blob-store", store,
+                          "--replica-ports", f"{21000 + 500 * i}-{21499 + 500 * i}")
+        self.wait_servers()
+
+    def start_gateway(self):
+        gw = self.ps.start("gateway", "gateway", "--port", str(self.port), "--control-address",
+                           self.control, "--state-dir", f"{self.ps.root}/gateway", "--token",
+                           self.token)
+        m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
+        assert m
+        self.url = m.group(1)
+        return gw
+
+    def wait_servers(self):
+        deadline = time.time() + 60
+        while True:
+            status, body = rest_call(self.url, self.token, "GET", "/api/nbos/cluster")
+            if status == 200 and len(body["servers"]) == 3:
+                return
+            assert time.time() < deadline, "daemons did not register"
+            time.sleep(0.1)
+
+    def kill_gateway(self):
+        self.gateway.kill()
+        self.gateway.wait()
+        self.ps.procs.remove(self.gateway)
+
+    def replicas(self):
+        return [p for p in os.listdir("/proc") if p.isdigit() and _is_replica_of(p, self.ps.root)]
+
+    def wait_no_replicas(self, timeout=30):
+        deadline = time.time() + timeout
+        while self.replicas():
+            assert time.time() < deadline, f"replica processes left: {self.replicas()}"
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def split_cluster():
-    ps = Processes()
-    token = "faults-token"
-    control = f"127.0.0.1:{free_port()}"
-    gw = ps.start("gateway", "gateway", "--port", "0", "--control-address", control,
-                  "--state-dir", f"{ps.root}/gateway", "--token", token)
-    m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
-    assert m
-    url = m.group(1)
-    dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    for i in (1, 2, 3):
-        store = dead_store if i == 2 else f"dir://{ps.root}/blobs"
-        ps.start(f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway", control,
-                 "--gpus", "1", "--virtual-gpus", "--state-dir", f"{ps.root}/host-{i}",
-                 "--blob-store", store, "--replica-ports", f"{21000 + 500 * i}-{21499 + 500 * i}")
-    deadline = time.time() + 60
-    while True:
-        status, body = rest_call(url, token, "GET", "/api/nbos/cluster")
-        if status == 200 and len(body["servers"]) == 3:
-            break
-        assert time.time() < deadline, "daemons did not register"
-        time.sleep(0.1)
-    yield url, token, ps
-    ps.stop()
+    c = SplitCluster(dead_store_host=2)
+    yield c.url, c.token, c.ps
+    c.ps.stop()
+
+
+@pytest.fixture
+def healthy_split_cluster():
+    c = SplitCluster()
+    yield c
+    c.ps.stop()
+
+
+def test_a_kernel_deleted_right_after_a_gateway_restart_leaves_no_replica(healthy_split_cluster):
+    c = healthy_split_cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    assert len(c.replicas()) == 3
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    # Before the daemons have registered again: the delete waits for them.
+    status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{model['id']}")
+    assert status == 204, body
+    c.wait_no_replicas()
+
+
+def test_replicas_of_a_kernel_the_gateway_does_not_know_are_stopped(healthy_split_cluster):
+    c = healthy_split_cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kept = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})[1]["id"]
+    assert len(c.replicas()) == 6
+    c.kill_gateway()
+    # The database loses one kernel (e.g. restored from an older copy).
+    db = sqlite3.connect(f"{c.ps.root}/gateway/gateway.db")
+    with db:
+        assert db.execute("DELETE FROM kernels WHERE id = ?", (model["id"],)).rowcount == 1
+    db.close()
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    deadline = time.time() + 30
+    while len(c.replicas()) != 3:
+        assert time.time() < deadline, f"replicas of the lost kernel still run: {c.replicas()}"
+        time.sleep(0.2)
+    status, kernels = rest_call(c.url, c.token, "GET", "/api/kernels")
+    assert [k["id"] for k in kernels] == [kept]
+    status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kept}")
+    assert status == 204, body
+    c.wait_no_replicas()
 
 
 def test_a_replica_that_cannot_start_fails_the_kernel_start_quickly(split_cluster):

@@ -144,7 +144,7 @@ def urllib_get(cluster, path):
 
 
 def test_gateway_restart_keeps_kernels(cluster):
-    kernel_id = cluster.start_kernel()
+    kernel_id = cluster.start_kernel({"KERNEL_MARK": "kept"})
     try:
         ks = KernelSocket(cluster.url, kernel_id, cluster.token)
         reply, _ = ks.execute("kept = 'state'")
@@ -167,6 +167,18 @@ def test_gateway_restart_keeps_kernels(cluster):
         reply, iopub = ks.execute("print(kept)")
         assert reply["content"]["status"] == "ok"
         assert [m["content"]["text"] for m in iopub if m["msg_type"] == "stream"] == ["state\n"]
+        ks.close()
+        # A kernel restart after the gateway's restart starts its replicas with the kernel's
+        # start environment, read back from the gateway's database.
+        status, body = cluster.request("POST", f"/api/kernels/{kernel_id}/restart", {})
+        assert status == 200, body
+        ks = KernelSocket(cluster.url, kernel_id, cluster.token)
+        for target in (1, 2, 3):
+            reply, iopub = ks.execute("import os\nprint(os.environ.get('KERNEL_MARK'))",
+                                      metadata={"nbos": {"target_replica": target}})
+            assert reply["content"]["status"] == "ok", reply["content"]
+            text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+            assert text == "kept\n", (target, text)
         ks.close()
     finally:
         cluster.request("DELETE", f"/api/kernels/{kernel_id}")

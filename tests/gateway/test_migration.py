@@ -36,7 +36,7 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
     busy = []  # (kernel id, socket, msg id) of cells holding GPUs
     kernels = []
     try:
-        a = c.start_kernel({"KERNEL_GPUS": "1"})
+        a = c.start_kernel({"KERNEL_GPUS": "1", "KERNEL_MARK": "moved"})
         kernels.append(a)
         ks = KernelSocket(c.url, a, c.token)
         reply, _ = ks.execute("x = 42\nimport array\nbig = array.array('d', range(200000))")
@@ -82,6 +82,12 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
         assert len(now) == 3
         assert nbos["executor"] in now and now[nbos["executor"]]["server_id"] == free
         assert nbos["executor"] not in a_servers.values(), "the executor is a new replica"
+        # The new replica was started with the kernel's start environment.
+        reply, iopub = ks.execute("import os\nprint(os.environ.get('KERNEL_MARK'))",
+                                  metadata={"nbos": {"target_replica": nbos["executor"]}})
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "moved\n", text
         gone = set(a_servers.values()) - set(now)
         assert len(gone) == 1, (a_servers, now)
         # The old replica's process is stopped; the kernel keeps working on its new group.

@@ -99,4 +99,5 @@ def test_fixed_hosts_never_scales(tmp_path):
     assert out["peak_servers"] == 3 and out["cells_failed"] == 0
     late = out["not_immediate"]
     assert sum(late[k] for k in ("migrated_at_once", "migration_wait", "placement_wait",
-                                 "other")) == round(out["cells"] * (1 - out["pct_immediate"] / 100))
+                                 "rebalance_wait", "other")) == round(
+                                     out["cells"] * (1 - out["pct_immediate"] / 100))

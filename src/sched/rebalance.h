@@ -1,0 +1,84 @@
+// Proactive rebalancing of idle kernels: off the critical path, move one replica of a kernel
+// whose replica servers cannot grant the GPUs its next cell is likely to need to a server that
+// can, so that the next cell finds GPUs on a replica server instead of migrating on arrival.
+// Pure: the caller (Scheduler::OnTick) says which kernels are idle, what they need and when they
+// last moved; the answer is a bounded list of MigrationPlans for the caller to carry out.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sched/cluster.h"
+#include "sched/migration.h"
+
+namespace nbos::sched {
+
+struct RebalanceOptions {
+  // Off: no proactive migrations (the gateway's default; the simulator turns it on for its
+  // notebookos policy, docs/decisions/0004-simulator.md).
+  bool enabled = false;
+  int32_t max_per_tick = 4;  // plans per decision, >= 0
+  // A kernel moved proactively is not moved proactively again for this long (against ping-pong
+  // when the server it moved to is taken by another kernel's cell soon after).
+  int64_t kernel_cooldown_ms = 300000;
+  // Only kernels whose need is at least this many GPUs are considered (smaller cells nearly
+  // always find GPUs on some replica server, and moving for them churns replicas).
+  int32_t min_gpus = 1;
+  // Servers holding at most this many replicas are ones the auto-scaler may release when idle
+  // (the simulator's release_max_replicas, the reference's ReleaseIdleHosts rule): targets
+  // holding more come first, so that moves do not pin a releasable server, and a replica on a
+  // server holding one more than this moves first, so that its server becomes releasable.
+  // < 0: replica counts play no part.
+  int32_t spare_servers_max_replicas = -1;
+  // With spare_servers_max_replicas >= 0: a kernel idle for longer than this (since it last
+  // asked for or released GPUs) never moves to a releasable server, only to one that is kept
+  // anyway. On the Adobe trace this is what keeps the GPU-hours down (docs/evaluation.md).
+  int64_t releasable_target_idle_max_ms = 2 * 3600 * 1000;
+};
+
+// One proactive move: which kernel's replica goes where.
+struct RebalancePlan {
+  std::string kernel_id;
+  MigrationPlan plan;  // scale_out_needed never set; reason says why the kernel moves
+};
+
+// An idle kernel (no cell running or waiting for an executor) as the caller sees it.
+struct IdleKernel {
+  const KernelView* kernel = nullptr;  // must be in the cluster the decision is taken over
+  int32_t gpus_needed = 0;             // its next cell's likely GPU count (last cell's, or request)
+  int64_t last_active_ms = 0;          // when it last asked for or released GPUs
+  // When it last moved proactively; lowest() if never.
+  int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
+};
+
+// A kernel is covered when one of its replicas is on an accepting server with >= gpus_needed
+// idle GPUs. For uncovered kernels with gpus_needed >= min_gpus that are out of their cooldown
+// (now_ms - last_rebalanced_ms >= kernel_cooldown_ms), most recently active first (then
+// kernel_id), at most max_per_tick plans:
+// - Target: accepting, not in `excluded_servers` (e.g. servers the same tick releases), holds no
+//   replica of the kernel, >= gpus_needed idle GPUs, SubscriptionFits(request) counting the
+//   replicas this decision already sends there, and not releasable (see
+//   spare_servers_max_replicas) when the kernel has been idle for more than
+//   releasable_target_idle_max_ms. Ordered: not releasable (more than
+//   spare_servers_max_replicas replicas, when that is >= 0) first, then by how many idle kernels
+//   already rely on it alone for their GPUs (fewest first, counting this decision's earlier
+//   plans), then the tightest fit (fewest idle GPUs beyond gpus_needed), then lowest SR_h, then
+//   server_id.
+// - Replica: one on a server missing from the view or not accepting first, then not the last
+//   executor, then one whose server holds spare_servers_max_replicas + 1 replicas (when that is
+//   >= 0), then highest SR_h, then fewest idle GPUs, then lowest replica id.
+// A kernel with no eligible target gets no plan (no scale-out is asked for: nothing waits).
+// quiet_until_ms: until then, the same call over the same cluster and kernels (nothing changed
+// but the time) gives no plans, so a caller may skip it (the scheduler does, to keep a tick cheap).
+struct RebalanceChoice {
+  std::vector<RebalancePlan> plans;
+  int64_t quiet_until_ms = std::numeric_limits<int64_t>::max();
+};
+RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<IdleKernel>& idle,
+                                int64_t now_ms, const RebalanceOptions& options,
+                                const std::set<std::string, std::less<>>& excluded_servers = {});
+
+}  // namespace nbos::sched

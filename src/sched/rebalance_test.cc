@@ -1,0 +1,215 @@
+#include "sched/rebalance.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sched/test_util.h"
+
+namespace nbos::sched {
+namespace {
+
+using test::Cluster;
+using test::Gpus;
+using test::Kernel;
+using test::Req;
+using test::Server;
+
+RebalanceOptions On(int32_t max_per_tick = 4) {
+  RebalanceOptions o;
+  o.enabled = true;
+  o.max_per_tick = max_per_tick;
+  o.kernel_cooldown_ms = 60000;
+  o.min_gpus = 1;
+  return o;
+}
+
+RebalanceOptions Spare(int32_t max_replicas, int64_t idle_max_ms) {
+  RebalanceOptions o = On();
+  o.spare_servers_max_replicas = max_replicas;
+  o.releasable_target_idle_max_ms = idle_max_ms;
+  return o;
+}
+
+struct KernelSpec {
+  std::string id;
+  int32_t request_gpus;
+  std::vector<std::string> servers;
+  int32_t gpus_needed;
+  int64_t last_active_ms = 0;
+  int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
+  uint32_t last_executor = 0;
+};
+
+struct Case {
+  std::string name;
+  std::vector<std::pair<std::string, int32_t>> committed;  // server, GPUs busy (8-GPU servers)
+  std::vector<std::string> not_accepting;
+  std::vector<KernelSpec> kernels;
+  RebalanceOptions options = On();
+  std::vector<std::string> excluded;
+  // Expected plans: "kernel:replica_id:from->to", in order.
+  std::vector<std::string> want;
+};
+
+std::string Show(const RebalancePlan& p) {
+  return p.kernel_id + ":" + std::to_string(p.plan.replica_id) + ":" + p.plan.from_server_id +
+         "->" + p.plan.to_server_id;
+}
+
+class RebalanceCase : public testing::TestWithParam<Case> {};
+
+TEST_P(RebalanceCase, Plans) {
+  const Case& c = GetParam();
+  ClusterState cluster = Cluster({Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8),
+                                  Server("e", 8), Server("f", 8)});
+  for (const auto& [server, gpus] : c.committed)
+    ASSERT_TRUE(cluster.Commit(server, Gpus(gpus)).ok());
+  for (const std::string& s : c.not_accepting) ASSERT_TRUE(cluster.SetAccepting(s, false).ok());
+  for (const KernelSpec& k : c.kernels) {
+    KernelView v = Kernel(k.id, Req(k.request_gpus), k.servers);
+    v.last_executor = k.last_executor;
+    ASSERT_TRUE(cluster.AddKernel(v).ok()) << k.id;
+  }
+  std::vector<IdleKernel> idle;
+  for (const KernelSpec& k : c.kernels) {
+    idle.push_back(
+        {cluster.FindKernel(k.id), k.gpus_needed, k.last_active_ms, k.last_rebalanced_ms});
+  }
+  const std::set<std::string, std::less<>> excluded(c.excluded.begin(), c.excluded.end());
+  std::vector<std::string> got;
+  for (const RebalancePlan& p :
+       ChooseRebalance(cluster, idle, 1000000, c.options, excluded).plans) {
+    EXPECT_FALSE(p.plan.scale_out_needed);
+    EXPECT_FALSE(p.plan.reason.empty());
+    got.push_back(Show(p));
+  }
+  EXPECT_EQ(got, c.want);
+}
+
+// Servers a..f have 8 GPUs each. "full" = a, b, c busy with 8 GPUs each.
+const std::vector<std::pair<std::string, int32_t>> kFull = {{"a", 8}, {"b", 8}, {"c", 8}};
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RebalanceCase,
+    testing::Values(
+        Case{.name = "MovesToTheIdleServer",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"e", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .want = {"k:1:a->d"}},
+        Case{.name = "NoMoveWhenAReplicaServerHasTheGpus",
+             .committed = {{"a", 8}, {"b", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .want = {}},
+        Case{.name = "NeedIsTheCellsNotTheRequest",  // 2 idle GPUs on c fit a 2-GPU cell
+             .committed = {{"a", 8}, {"b", 8}, {"c", 6}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 2}},
+             .want = {}},
+        Case{.name = "BelowMinGpusStays",
+             .committed = kFull,
+             .kernels = {{"k", 8, {"a", "b", "c"}, 4}},
+             .options =
+                 [] {
+                   RebalanceOptions o = On();
+                   o.min_gpus = 8;
+                   return o;
+                 }(),
+             .want = {}},
+        Case{.name = "DisabledPlansNothing",
+             .committed = kFull,
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .options = RebalanceOptions{},
+             .want = {}},
+        Case{.name = "BoundPerTickMostRecentlyActiveFirst",
+             .committed = kFull,
+             .kernels = {{"k1", 8, {"a", "b", "c"}, 8, 100},
+                         {"k2", 8, {"a", "b", "c"}, 8, 300},
+                         {"k3", 8, {"a", "b", "c"}, 8, 200}},
+             .options = On(2),
+             .want = {"k2:1:a->d", "k3:1:a->e"}},
+        Case{.name = "CooldownStopsPingPong",
+             .committed = kFull,
+             .kernels = {{"k1", 8, {"a", "b", "c"}, 8, 0, 1000000 - 59999},
+                         {"k2", 8, {"a", "b", "c"}, 8, 0, 1000000 - 60000}},
+             .want = {"k2:1:a->d"}},
+        Case{.name = "ReleasingServersAreNotTargets",
+             .committed = kFull,
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .excluded = {"d", "e"},
+             .want = {"k:1:a->f"}},
+        Case{.name = "NotAcceptingServersAreNotTargetsAndTheirReplicasMoveFirst",
+             .committed = {{"a", 8}, {"b", 8}},
+             .not_accepting = {"c", "d"},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .want = {"k:3:c->e"}},
+        Case{.name = "SpreadsKernelsOverTargets",  // k1 relies on d alone, so k2 goes to e
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"f", 8}},
+             .kernels = {{"k1", 8, {"a", "b", "d"}, 8, 500}, {"k2", 8, {"a", "b", "c"}, 8, 400}},
+             .want = {"k2:1:a->e"}},
+        Case{.name = "TightestFitTarget",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"d", 4}, {"e", 2}},
+             .kernels = {{"k", 4, {"a", "b", "c"}, 4}},
+             .want = {"k:1:a->d"}},
+        Case{.name = "LastExecutorStaysAndTheMostSubscribedGoes",
+             .committed = kFull,
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8, 0, std::numeric_limits<int64_t>::lowest(), 1},
+                         {"x", 1, {"c"}, 0}},
+             .want = {"k:3:c->d"}},
+        // spare_servers_max_replicas 2: e holds 3 replicas (x1..x3) and is kept by scale-in
+        // anyway; d holds none and could be released.
+        Case{.name = "TargetsThatScaleInKeepsComeFirst",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8, 1000000},
+                         {"x1", 1, {"e"}, 0},
+                         {"x2", 1, {"e"}, 0},
+                         {"x3", 1, {"e"}, 0}},
+             .options = Spare(2, 3600000),
+             .want = {"k:1:a->e"}},
+        Case{.name = "RecentKernelMayPinAReleasableServer",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"e", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8, 1000000 - 3600000}},
+             .options = Spare(2, 3600000),
+             .want = {"k:1:a->d"}},
+        Case{.name = "LongIdleKernelDoesNotPinAReleasableServer",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"e", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8, 1000000 - 3600001}},
+             .options = Spare(2, 3600000),
+             .want = {}},
+        Case{.name = "ReplicaWhoseMoveMakesItsServerReleasableGoesFirst",
+             // b holds 3 replicas (k, x1, x2), one over the limit; c holds 4 and a higher SR_h.
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"e", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8, 1000000},
+                         {"x1", 1, {"b"}, 0},
+                         {"x2", 1, {"b"}, 0},
+                         {"x3", 2, {"c"}, 0},
+                         {"x4", 2, {"c"}, 0},
+                         {"x5", 2, {"c"}, 0}},
+             .options = Spare(2, 3600000),
+             .want = {"k:2:b->d"}},
+        Case{.name = "NoTargetNoPlan",
+             .committed = {{"a", 8}, {"b", 8}, {"c", 8}, {"d", 8}, {"e", 8}, {"f", 8}},
+             .kernels = {{"k", 8, {"a", "b", "c"}, 8}},
+             .want = {}}),
+    [](const testing::TestParamInfo<Case>& p) { return p.param.name; });
+
+TEST(RebalanceTest, CountsThisDecisionsReplicasAgainstTargetRoom) {
+  // d has CPU room for one more 1-core replica only: the second kernel must go elsewhere.
+  ClusterState cluster = Cluster(
+      {Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8, 1000), Server("e", 8)});
+  for (const char* s : {"a", "b", "c"}) ASSERT_TRUE(cluster.Commit(s, Gpus(8)).ok());
+  ASSERT_TRUE(cluster.AddKernel(Kernel("k1", Req(8), {"a", "b", "c"})).ok());
+  ASSERT_TRUE(cluster.AddKernel(Kernel("k2", Req(8), {"a", "b", "c"})).ok());
+  std::vector<IdleKernel> idle = {{cluster.FindKernel("k1"), 8, 2},
+                                  {cluster.FindKernel("k2"), 8, 1}};
+  const auto plans = ChooseRebalance(cluster, idle, 0, On()).plans;
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_EQ(plans[0].plan.to_server_id, "d");
+  EXPECT_EQ(plans[1].plan.to_server_id, "e");
+}
+
+}  // namespace
+}  // namespace nbos::sched
