@@ -86,6 +86,7 @@ struct UpArgs {
   int warm_pool = 1;
   std::string state_dir;
   std::string decision_journal;
+  int rebalance_interval_ms = 0;
   std::string token;
   std::string log_level = "info";
 };
@@ -254,6 +255,10 @@ int RunUp(UpArgs& args, const std::string& self_path) {
                       {self_path, "gateway", "--port", std::to_string(args.port),
                        "--control-address", control, "--state-dir", args.state_dir + "/gateway",
                        "--token", args.token, "--log-level", args.log_level}});
+  if (args.rebalance_interval_ms > 0) {
+    children[0].argv.push_back("--rebalance-interval-ms");
+    children[0].argv.push_back(std::to_string(args.rebalance_interval_ms));
+  }
   if (!args.decision_journal.empty()) {
     children[0].argv.push_back("--decision-journal");
     children[0].argv.push_back(fs::absolute(args.decision_journal).string());
@@ -345,6 +350,11 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "Besides KERNEL_*, environment variables passed to kernels");
   gw->add_option("--decision-journal", gw_args->options.decision_journal,
                  "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
+  gw->add_option("--rebalance-interval-ms", gw_args->options.rebalance_interval_ms,
+                 "Move replicas of idle kernels whose servers lack the GPUs of their last cell "
+                 "this often (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
 
   auto d_args = std::make_shared<DaemonArgs>();
@@ -391,6 +401,10 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
   up->add_option("--decision-journal", up_args->decision_journal,
                  "The gateway's decision journal (see nbos gateway --help)");
+  up->add_option("--rebalance-interval-ms", up_args->rebalance_interval_ms,
+                 "The gateway's idle-kernel rebalancing (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   up->add_option("--log-level", up_args->log_level)->capture_default_str();
 
   return [=]() -> int {

@@ -192,10 +192,10 @@ struct Gateway::Impl {
   mutable std::mutex mu;
   // Every scheduling decision goes through this core, the one `nbos sim` drives. The gateway
   // has no host provider, so it does not auto-scale; placements sample SR_c first.
-  sched::Scheduler scheduler{SchedulerOptionsForGateway()};  // guarded by mu
-  const sched::ClusterState& cluster = scheduler.cluster();  // guarded by mu
-  std::ofstream journal_file;                                // guarded by mu
-  std::unique_ptr<sched::JournalWriter> journal;             // guarded by mu
+  sched::Scheduler scheduler{SchedulerOptionsForGateway({})};  // guarded by mu
+  const sched::ClusterState& cluster = scheduler.cluster();    // guarded by mu
+  std::ofstream journal_file;                                  // guarded by mu
+  std::unique_ptr<sched::JournalWriter> journal;               // guarded by mu
   const SteadyClock::time_point started = SteadyClock::now();
   std::set<std::string> logged_migration;  // guarded by mu: exec ids whose wait was logged
   std::map<std::string, std::unique_ptr<Server>> servers;             // guarded by mu
@@ -213,10 +213,12 @@ struct Gateway::Impl {
   // daemons and Raft, which must not hold up the monitor's chores and server checks.
   std::thread migrator;
   std::deque<std::function<void()>> migrations;  // guarded by monitor_mu
+  SteadyClock::time_point next_rebalance;        // monitor thread only
 
-  static sched::SchedulerOptions SchedulerOptionsForGateway() {
+  static sched::SchedulerOptions SchedulerOptionsForGateway(const GatewayOptions& options) {
     sched::SchedulerOptions o;
     o.auto_scaling = false;
+    o.rebalance.enabled = options.rebalance_interval_ms > 0;
     return o;
   }
 
@@ -1008,7 +1010,23 @@ struct Gateway::Impl {
       }
       lock.unlock();
       CheckServers();
+      MaybeRebalance();
       lock.lock();
+    }
+  }
+
+  // With rebalance_interval_ms: a scheduler tick, whose rebalance plans become migrations.
+  void MaybeRebalance() {
+    if (options.rebalance_interval_ms <= 0) return;
+    const auto now = SteadyClock::now();
+    if (now < next_rebalance) return;
+    next_rebalance = now + std::chrono::milliseconds(options.rebalance_interval_ms);
+    std::lock_guard lock(mu);
+    const sched::TickDecision tick = scheduler.OnTick(NowMs());
+    for (const sched::RebalancePlan& r : tick.rebalance) {
+      spdlog::info("kernel {}: moving idle replica {} from {} to {} ({})", r.kernel_id,
+                   r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.plan.reason);
+      MaybeStartMigration(r.kernel_id, r.plan);
     }
   }
 
@@ -1381,6 +1399,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
   if (ec) return Unavailable("creating " + options.state_dir + ": " + ec.message());
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  impl->scheduler = sched::Scheduler(Impl::SchedulerOptionsForGateway(impl->options));
   if (!impl->options.decision_journal.empty()) {
     // One journal per gateway run: it starts from an empty core, as its replay does.
     impl->journal_file.open(impl->options.decision_journal, std::ios::trunc);

@@ -42,6 +42,11 @@ struct GatewayOptions {
   // When set, every scheduling event and decision is appended here as a decision journal
   // (sched/journal.h), which `nbos sim replay` re-derives through the same core.
   std::string decision_journal;
+  // > 0: every this many ms the scheduler looks for idle kernels none of whose replica servers
+  // can grant the GPUs their last cell used, and moves one replica of each (a bounded few per
+  // round, each kernel at most once in 5 minutes) to a server that can, as a live migration
+  // between cells (sched/rebalance.h). 0: off; a cell then migrates when it arrives.
+  int rebalance_interval_ms = 0;
 };
 
 class Gateway {

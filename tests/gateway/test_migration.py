@@ -16,6 +16,29 @@ def replicas_of(c, kernel_id):
     return {r["replica_id"]: r for r in kernel["replicas"]}
 
 
+def occupy(c, servers, kernels, busy):
+    """Holds the GPU of each of `servers` with a long cell of another kernel (started here and
+    appended to `kernels`); appends (kernel id, socket, msg id) of each cell to `busy`."""
+    to_fill = set(servers)
+    for _ in range(8):
+        if not to_fill:
+            break
+        other = c.start_kernel({"KERNEL_GPUS": "1"})
+        kernels.append(other)
+        for rid, r in sorted(replicas_of(c, other).items()):
+            if r["server_id"] in to_fill:
+                sock = KernelSocket(c.url, other, c.token)
+                msg_id = sock.send("execute_request", {
+                    "code": "import time\nfor _ in range(1200): time.sleep(0.1)",
+                    "silent": False, "store_history": True, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True},
+                    metadata={"nbos": {"target_replica": rid}})
+                busy.append((other, sock, msg_id))
+                to_fill.discard(r["server_id"])
+                break
+    assert not to_fill, f"could not occupy {to_fill}"
+
+
 def replica_processes(replica_dir_name):
     """Pids whose working directory is a replica directory of that name."""
     import os
@@ -45,24 +68,7 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
         free = ({f"host-{i}" for i in range(1, HOSTS + 1)} - set(a_servers)).pop()
 
         # Hold the GPU of every server of kernel a with long cells of other kernels.
-        to_fill = set(a_servers)
-        for _ in range(8):
-            if not to_fill:
-                break
-            other = c.start_kernel({"KERNEL_GPUS": "1"})
-            kernels.append(other)
-            for rid, r in sorted(replicas_of(c, other).items()):
-                if r["server_id"] in to_fill:
-                    sock = KernelSocket(c.url, other, c.token)
-                    msg_id = sock.send("execute_request", {
-                        "code": "import time\nfor _ in range(1200): time.sleep(0.1)",
-                        "silent": False, "store_history": True, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True},
-                        metadata={"nbos": {"target_replica": rid}})
-                    busy.append((other, sock, msg_id))
-                    to_fill.discard(r["server_id"])
-                    break
-        assert not to_fill, f"could not occupy {to_fill}"
+        occupy(c, set(a_servers), kernels, busy)
         deadline = time.time() + 60
         while True:
             servers = {s["server_id"]: s for s in c.get("/api/nbos/cluster")["servers"]}
@@ -122,3 +128,53 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
     with open(journal) as f:
         events = f.read()
     assert '"event":"replica_added"' in events and '"event":"replica_removed"' in events
+
+
+def test_an_idle_kernel_is_moved_to_a_server_with_gpus_before_its_next_cell():
+    """With --rebalance-interval-ms, a kernel that is idle while every server of its replicas has
+    its GPUs held gets a replica moved to the free server between cells, so its next cell starts
+    there without a migration on its path."""
+    journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
+    c = Cluster(hosts=HOSTS, gpus_per_host=1,
+                extra=("--decision-journal", journal, "--rebalance-interval-ms", "300"))
+    busy, kernels = [], []
+    try:
+        a = c.start_kernel({"KERNEL_GPUS": "1"})
+        kernels.append(a)
+        ks = KernelSocket(c.url, a, c.token)
+        reply, _ = ks.execute("x = 42")
+        assert reply["content"]["status"] == "ok"
+        a_servers = {r["server_id"] for r in replicas_of(c, a).values()}
+        free = ({f"host-{i}" for i in range(1, HOSTS + 1)} - a_servers).pop()
+        occupy(c, a_servers, kernels, busy)
+        # No cell of kernel a is sent: the move happens while it is idle.
+        deadline = time.time() + 60
+        while free not in {r["server_id"] for r in replicas_of(c, a).values()}:
+            assert time.time() < deadline, (free, replicas_of(c, a))
+            time.sleep(0.2)
+        done = c.get("/api/nbos/cluster")["migrations"]["done"]
+        assert done >= 1
+        reply, iopub = ks.execute("print(x + 1)")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert reply["metadata"]["nbos"]["server"] == free
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "43\n"
+        # The cell found its GPU on a replica's server: no further migration for it.
+        migrated = c.get("/api/nbos/cluster")["migrations"]
+        assert migrated["done"] == done and migrated["failed"] == 0, migrated
+        for (other, sock, msg_id) in busy:
+            assert c.request("POST", f"/api/kernels/{other}/interrupt", {})[0] == 204
+            sock.wait_for(msg_id)
+            sock.close()
+        busy.clear()
+        ks.close()
+    finally:
+        for (_, sock, _) in busy:
+            sock.close()
+        for k in kernels:
+            c.request("DELETE", f"/api/kernels/{k}")
+        assert c.stop() == 0
+    assert not c.nbos_processes()
+    replay = subprocess.run([nbos_bin(), "sim", "replay", "--journal", journal],
+                            capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
