@@ -43,30 +43,27 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
              py::buffer_info info = data.request();
              std::string_view bytes(static_cast<const char*>(info.ptr),
                                     static_cast<size_t>(info.size * info.itemsize));
-             Result<std::string> key = Status();
-             {
+             Result<std::string> key = [&] {
                py::gil_scoped_release nogil;
-               key = s.Put(bytes);
-             }
+               return s.Put(bytes);
+             }();
              if (!key.ok()) throw std::runtime_error(key.status().ToString());
              return *key;
            })
       .def("get",
            [](store::BlobStore& s, const std::string& key) {
-             Result<std::string> blob = Status();
-             {
+             Result<std::string> blob = [&] {
                py::gil_scoped_release nogil;
-               blob = s.Get(key);
-             }
+               return s.Get(key);
+             }();
              if (!blob.ok()) throw std::runtime_error(blob.status().ToString());
              return py::bytes(*blob);
            })
       .def("contains", [](store::BlobStore& s, const std::string& key) {
-        Result<bool> has = Status();
-        {
+        Result<bool> has = [&] {
           py::gil_scoped_release nogil;
-          has = s.Contains(key);
-        }
+          return s.Contains(key);
+        }();
         if (!has.ok()) throw std::runtime_error(has.status().ToString());
         return *has;
       });

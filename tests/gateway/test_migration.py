@@ -63,7 +63,7 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
         kernels.append(a)
         ks = KernelSocket(c.url, a, c.token)
         reply, _ = ks.execute("x = 42\nimport array\nbig = array.array('d', range(200000))")
-        assert reply["content"]["status"] == "ok"
+        assert reply["content"]["status"] == "ok", reply["content"]
         a_servers = {r["server_id"]: rid for rid, r in replicas_of(c, a).items()}
         free = ({f"host-{i}" for i in range(1, HOSTS + 1)} - set(a_servers)).pop()
 
