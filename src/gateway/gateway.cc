@@ -157,6 +157,8 @@ Result<sched::Resources> ResourcesFromEnv(const std::map<std::string, std::strin
 }
 
 struct Gateway::Impl {
+  explicit Impl(GatewayOptions o) : options(std::move(o)) {}
+
   struct Server {
     std::string server_id;
     std::unique_ptr<daemon::DaemonClient> client;
@@ -192,10 +194,10 @@ struct Gateway::Impl {
   mutable std::mutex mu;
   // Every scheduling decision goes through this core, the one `nbos sim` drives. The gateway
   // has no host provider, so it does not auto-scale; placements sample SR_c first.
-  sched::Scheduler scheduler{SchedulerOptionsForGateway({})};  // guarded by mu
-  const sched::ClusterState& cluster = scheduler.cluster();    // guarded by mu
-  std::ofstream journal_file;                                  // guarded by mu
-  std::unique_ptr<sched::JournalWriter> journal;               // guarded by mu
+  sched::Scheduler scheduler{SchedulerOptionsForGateway(options)};  // guarded by mu
+  const sched::ClusterState& cluster = scheduler.cluster();         // guarded by mu
+  std::ofstream journal_file;                                       // guarded by mu
+  std::unique_ptr<sched::JournalWriter> journal;                    // guarded by mu
   const SteadyClock::time_point started = SteadyClock::now();
   std::set<std::string> logged_migration;  // guarded by mu: exec ids whose wait was logged
   std::map<std::string, std::unique_ptr<Server>> servers;             // guarded by mu
@@ -1397,9 +1399,7 @@ Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir, ec);
   if (ec) return Unavailable("creating " + options.state_dir + ": " + ec.message());
-  auto impl = std::make_unique<Impl>();
-  impl->options = std::move(options);
-  impl->scheduler = sched::Scheduler(Impl::SchedulerOptionsForGateway(impl->options));
+  auto impl = std::make_unique<Impl>(std::move(options));
   if (!impl->options.decision_journal.empty()) {
     // One journal per gateway run: it starts from an empty core, as its replay does.
     impl->journal_file.open(impl->options.decision_journal, std::ios::trunc);

@@ -155,9 +155,11 @@ TickDecision Scheduler::DoTick() {
     std::vector<IdleKernel> idle;
     for (const auto& [id, a] : activity_) {
       if (a.committed_gpus > 0 || a.executor_pending) continue;
+      const KernelView* kernel = cluster_.FindKernel(id);
+      assert(kernel != nullptr && "activity is kept for placed kernels only");
       // The last cell's GPU count predicts the next one better than the request (the session's
       // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
-      idle.push_back({a.kernel, a.last_cell_gpus >= 0 ? a.last_cell_gpus : a.kernel->request.gpus,
+      idle.push_back({kernel, a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus,
                       a.last_active_ms, a.last_rebalanced_ms});
     }
     const std::set<std::string, std::less<>> releasing(tick.scaling.release_server_ids.begin(),
@@ -187,8 +189,7 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
   };
   std::visit(Overloaded{
                  [&](const KernelPlaced& e) {
-                   activity_[e.kernel.kernel_id] = KernelActivity{
-                       .kernel = cluster_.FindKernel(e.kernel.kernel_id), .last_active_ms = now_ms};
+                   activity_[e.kernel.kernel_id] = KernelActivity{.last_active_ms = now_ms};
                  },
                  [&](const KernelRemoved& e) { activity_.erase(e.kernel_id); },
                  [&](const ExecutorRequested& e) {

@@ -177,11 +177,6 @@ class Scheduler {
  public:
   // options must be valid (asserted): ratio cap > 0, window > 0, gpus_per_host > 0.
   explicit Scheduler(SchedulerOptions options = {});
-  // Movable, not copyable: it keeps pointers into its own cluster view.
-  Scheduler(const Scheduler&) = delete;
-  Scheduler& operator=(const Scheduler&) = delete;
-  Scheduler(Scheduler&&) = default;
-  Scheduler& operator=(Scheduler&&) = default;
 
   // nullptr detaches. The observer must outlive its attachment.
   void set_observer(SchedulerObserver* observer) { observer_ = observer; }
@@ -224,10 +219,9 @@ class Scheduler {
   // What the scheduler has seen a kernel do (for rebalancing), keyed by kernel id; entries are
   // made by KernelPlaced and erased by KernelRemoved.
   struct KernelActivity {
-    const KernelView* kernel = nullptr;  // in cluster_ (map nodes stay put until removed)
-    int32_t committed_gpus = 0;          // granted to its replicas and not yet released
-    bool executor_pending = false;       // an executor was requested and no grant has followed yet
-    int32_t last_cell_gpus = -1;         // GPUs of its last executor request; < 0: none yet
+    int32_t committed_gpus = 0;     // granted to its replicas and not yet released
+    bool executor_pending = false;  // an executor was requested and no grant has followed yet
+    int32_t last_cell_gpus = -1;    // GPUs of its last executor request; < 0: none yet
     int64_t last_active_ms = 0;
     int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
   };

@@ -295,6 +295,21 @@ class Sim {
   }
 
   // Start latency of a replica process on `server`: promote a warm one if there is one.
+  // Replaces `replica` of the session's kernel by a new one on `to` (the scheduler learns both
+  // membership steps now). Returns the new replica's id and when it has started and caught up.
+  std::pair<uint32_t, int64_t> MoveReplica(int64_t now, SessionState& s,
+                                           const std::string& kernel_id, uint32_t replica,
+                                           const std::string& to) {
+    const uint32_t fresh = s.next_replica_id++;
+    Status st = sched_.OnReplicaAdded(now, kernel_id, fresh, to);
+    assert(st.ok());
+    st = sched_.OnReplicaRemoved(now, kernel_id, replica);
+    assert(st.ok());
+    (void)st;
+    ++result_.migrations;
+    return {fresh, now + StartOn(now, to) + Lat(c_.migration_catchup_ms)};
+  }
+
   int64_t StartOn(int64_t now, const std::string& server) {
     const int32_t idx = HostIndex(server);
     Host& h = hosts_[idx];
@@ -507,18 +522,12 @@ class Sim {
           }
           // Add the new member, drop the old one, bind the GPUs on the target now and start
           // the cell once the replica is up and caught up.
-          const uint32_t fresh = s.next_replica_id++;
-          Status st = sched_.OnReplicaAdded(now, s.kernel_id, fresh, plan.to_server_id);
-          assert(st.ok());
-          st = sched_.OnReplicaRemoved(now, s.kernel_id, plan.replica_id);
-          assert(st.ok());
-          (void)st;
+          const auto [fresh, caught_up_ms] =
+              MoveReplica(now, s, s.kernel_id, plan.replica_id, plan.to_server_id);
           s.exec_replica = fresh;
           s.exec_server = plan.to_server_id;
           Commit(now, s.kernel_id, fresh, s.exec_server, cell.gpus);
-          start_ms = std::max(now, s.ready_ms) + StartOn(now, plan.to_server_id) +
-                     Lat(c_.migration_catchup_ms) + Lat(c_.raft_commit_ms);
-          ++result_.migrations;
+          start_ms = std::max(now, s.ready_ms) + (caught_up_ms - now) + Lat(c_.raft_commit_ms);
           migrated = true;
         }
         break;
@@ -675,16 +684,10 @@ class Sim {
         k->HasReplicaOn(p.plan.to_server_id)) {
       return;
     }
-    const uint32_t fresh = s.next_replica_id++;
-    Status st = sched_.OnReplicaAdded(now, p.kernel_id, fresh, p.plan.to_server_id);
-    assert(st.ok());
-    st = sched_.OnReplicaRemoved(now, p.kernel_id, p.plan.replica_id);
-    assert(st.ok());
-    (void)st;
-    const int64_t done_ms = now + StartOn(now, p.plan.to_server_id) + Lat(c_.migration_catchup_ms);
+    const int64_t done_ms =
+        MoveReplica(now, s, p.kernel_id, p.plan.replica_id, p.plan.to_server_id).second;
     s.ready_ms = std::max(s.ready_ms, done_ms);
     s.rebalancing_until_ms = std::max(s.rebalancing_until_ms, done_ms);
-    ++result_.migrations;
     ++result_.proactive_migrations;
   }
 
@@ -735,14 +738,8 @@ class Sim {
     for (size_t m = 0; m < moving.size(); ++m) {
       const auto& [kid, replica] = moving[m];
       SessionState& s = sessions_[std::strtol(kid.c_str() + 1, nullptr, 10)];
-      const uint32_t fresh = s.next_replica_id++;
-      st = sched_.OnReplicaAdded(now, kid, fresh, targets[m].second);
-      assert(st.ok());
-      st = sched_.OnReplicaRemoved(now, kid, replica);
-      assert(st.ok());
-      s.ready_ms = std::max(s.ready_ms,
-                            now + StartOn(now, targets[m].second) + Lat(c_.migration_catchup_ms));
-      ++result_.migrations;
+      s.ready_ms =
+          std::max(s.ready_ms, MoveReplica(now, s, kid, replica, targets[m].second).second);
     }
     st = sched_.OnServerLeft(now, id);
     assert(st.ok());

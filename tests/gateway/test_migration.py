@@ -2,6 +2,7 @@
 the gateway adds a replica on a server that has them to the kernel's Raft group, lets it catch
 up, removes the old one, and the waiting cell runs on the new replica with the kernel's state."""
 
+import contextlib
 import subprocess
 import tempfile
 import time
@@ -39,6 +40,41 @@ def occupy(c, servers, kernels, busy):
     assert not to_fill, f"could not occupy {to_fill}"
 
 
+@contextlib.contextmanager
+def journaled_cluster(*extra):
+    """A 4 x 1 GPU `nbos up` with a decision journal. Yields (cluster, kernels, busy): kernels
+    started and (kernel id, socket, msg id) of cells still running, both cleaned up at the end;
+    then checks that nothing is left running and that the journal replays through `nbos sim`.
+    Puts the journal's text into the yielded cluster's `journal_text` after the exit."""
+    journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
+    c = Cluster(hosts=HOSTS, gpus_per_host=1, extra=("--decision-journal", journal, *extra))
+    kernels, busy = [], []
+    try:
+        yield c, kernels, busy
+    finally:
+        for (_, sock, _) in busy:
+            sock.close()
+        for k in kernels:
+            c.request("DELETE", f"/api/kernels/{k}")
+        assert c.stop() == 0
+    assert not c.nbos_processes()
+    done = subprocess.run([nbos_bin(), "sim", "replay", "--journal", journal],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(journal) as f:
+        c.journal_text = f.read()
+
+
+def release(c, busy):
+    """Interrupts the long cells in `busy` and waits for their replies."""
+    for (other, sock, msg_id) in busy:
+        assert c.request("POST", f"/api/kernels/{other}/interrupt", {})[0] == 204
+        reply, _ = sock.wait_for(msg_id)
+        assert reply["content"]["status"] == "error"
+        sock.close()
+    busy.clear()
+
+
 def replica_processes(replica_dir_name):
     """Pids whose working directory is a replica directory of that name."""
     import os
@@ -54,11 +90,7 @@ def replica_processes(replica_dir_name):
 
 
 def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
-    journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
-    c = Cluster(hosts=HOSTS, gpus_per_host=1, extra=("--decision-journal", journal))
-    busy = []  # (kernel id, socket, msg id) of cells holding GPUs
-    kernels = []
-    try:
+    with journaled_cluster() as (c, kernels, busy):
         a = c.start_kernel({"KERNEL_GPUS": "1", "KERNEL_MARK": "moved"})
         kernels.append(a)
         ks = KernelSocket(c.url, a, c.token)
@@ -104,41 +136,21 @@ def test_a_cell_without_gpus_on_its_servers_runs_on_a_migrated_replica():
             time.sleep(0.2)
         view = c.get("/api/nbos/cluster")
         assert view["migrations"]["done"] >= 1, view["migrations"]
-        for (other, sock, msg_id) in busy:
-            assert c.request("POST", f"/api/kernels/{other}/interrupt", {})[0] == 204
-            reply, _ = sock.wait_for(msg_id)
-            assert reply["content"]["status"] == "error"
-            sock.close()
-        busy.clear()
+        release(c, busy)
         # Any replica of the new group can still execute.
         for rid in sorted(now):
             reply, _ = ks.execute("x", metadata={"nbos": {"target_replica": rid}})
             assert reply["content"]["status"] == "ok", (rid, reply["content"])
         ks.close()
-    finally:
-        for (_, sock, _) in busy:
-            sock.close()
-        for k in kernels:
-            c.request("DELETE", f"/api/kernels/{k}")
-        assert c.stop() == 0
-    assert not c.nbos_processes()
-    done = subprocess.run([nbos_bin(), "sim", "replay", "--journal", journal],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with open(journal) as f:
-        events = f.read()
-    assert '"event":"replica_added"' in events and '"event":"replica_removed"' in events
+    assert ('"event":"replica_added"' in c.journal_text
+            and '"event":"replica_removed"' in c.journal_text)
 
 
 def test_an_idle_kernel_is_moved_to_a_server_with_gpus_before_its_next_cell():
     """With --rebalance-interval-ms, a kernel that is idle while every server of its replicas has
     its GPUs held gets a replica moved to the free server between cells, so its next cell starts
     there without a migration on its path."""
-    journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
-    c = Cluster(hosts=HOSTS, gpus_per_host=1,
-                extra=("--decision-journal", journal, "--rebalance-interval-ms", "300"))
-    busy, kernels = [], []
-    try:
+    with journaled_cluster("--rebalance-interval-ms", "300") as (c, kernels, busy):
         a = c.start_kernel({"KERNEL_GPUS": "1"})
         kernels.append(a)
         ks = KernelSocket(c.url, a, c.token)
@@ -162,19 +174,6 @@ def test_an_idle_kernel_is_moved_to_a_server_with_gpus_before_its_next_cell():
         # The cell found its GPU on a replica's server: no further migration for it.
         migrated = c.get("/api/nbos/cluster")["migrations"]
         assert migrated["done"] == done and migrated["failed"] == 0, migrated
-        for (other, sock, msg_id) in busy:
-            assert c.request("POST", f"/api/kernels/{other}/interrupt", {})[0] == 204
-            sock.wait_for(msg_id)
-            sock.close()
-        busy.clear()
+        release(c, busy)
         ks.close()
-    finally:
-        for (_, sock, _) in busy:
-            sock.close()
-        for k in kernels:
-            c.request("DELETE", f"/api/kernels/{k}")
-        assert c.stop() == 0
-    assert not c.nbos_processes()
-    replay = subprocess.run([nbos_bin(), "sim", "replay", "--journal", journal],
-                            capture_output=True, text=True, timeout=120)
-    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert '"rebalance":[{' in c.journal_text
