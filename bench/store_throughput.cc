@@ -13,7 +13,7 @@
 // Each figure is the median of N runs (default 3) after one unrecorded warm-up run. Units: MiB/s.
 // Exit status 0 unless set-up fails.
 //
-// The store's get makes its result buffer resident in huge pages up front (resident_buffer.h) and
+// The store's get makes its result buffer resident up front (resident_buffer.h) and
 // its Redis backend moves values between socket and buffer without hiredis's copies; the baselines
 // are the plain way (read() into a fresh std::string, hiredis SET/GET), so on machines where page
 // faults are expensive (VMs) a store operation can beat its baseline.

@@ -32,10 +32,23 @@ py::module_ LoadModule(const char* name, const char* source) {
   return module;
 }
 
+struct OwnedBlob {
+  std::string bytes;
+};
+
 }  // namespace
 
 PYBIND11_EMBEDDED_MODULE(_nbos, m) {
-  // The blob store, as nbos_state expects it: put(bytes) -> key, get(key) -> bytes, contains.
+  // What get() returns: the blob's bytes as a writable buffer that owns them, so arrays and
+  // tensors rebuilt from a blob use its memory instead of copies (each get is a fresh buffer).
+  py::class_<OwnedBlob>(m, "Blob", py::buffer_protocol())
+      .def_buffer([](OwnedBlob& b) {
+        return py::buffer_info(b.bytes.data(), 1, py::format_descriptor<uint8_t>::format(),
+                               static_cast<py::ssize_t>(b.bytes.size()));
+      })
+      .def("__len__", [](const OwnedBlob& b) { return b.bytes.size(); });
+
+  // The blob store, as nbos_state expects it: put(bytes) -> key, get(key) -> Blob, contains.
   // Store I/O runs without the GIL; failures raise RuntimeError with the store's message.
   py::class_<store::BlobStore>(m, "BlobStore")
       .def("put",
@@ -57,7 +70,7 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
                return s.Get(key);
              }();
              if (!blob.ok()) throw std::runtime_error(blob.status().ToString());
-             return py::bytes(*blob);
+             return OwnedBlob{std::move(*blob)};
            })
       .def("contains", [](store::BlobStore& s, const std::string& key) {
         Result<bool> has = [&] {

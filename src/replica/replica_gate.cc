@@ -141,9 +141,15 @@ void ReplicaGate::Process(Event& e) {
       ++journal_seen_;
       ++since_checkpoint_;
       if (executed_here_.count(e.exec_id) > 0) return;
+      const auto start = std::chrono::steady_clock::now();
       Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
                                                : engine_->ApplySideEffects(e.payload);
       if (!s.ok()) spdlog::error("execution {}: {}", e.exec_id, s.ToString());
+      spdlog::debug(
+          "execution {}: applied {} in {:.1f} ms", e.exec_id,
+          e.kind == Event::Kind::kDelta ? "delta" : "side effects",
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
       return;
     }
     case Event::Kind::kDone:

@@ -263,7 +263,7 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
   // made resident, read, and handed to the hasher thread, so hashing (the slowest step at
   // ~1.5 GB/s) overlaps reading and page population instead of following them.
   std::string data;
-  ReserveLarge(data, size);
+  data.reserve(size);
   const char* const base = data.data();
   std::optional<BackgroundHasher> hasher;
   if (size >= kOverlapBytes) hasher.emplace(base);

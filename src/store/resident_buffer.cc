@@ -27,16 +27,6 @@ bool PageRange(char* p, size_t len, void*& addr, size_t& bytes) {
 
 }  // namespace
 
-void ReserveLarge(std::string& s, size_t size) {
-  assert(s.empty());
-  s.reserve(size);
-  void* addr = nullptr;
-  size_t bytes = 0;
-  if (size >= kLargeThreshold && PageRange(s.data(), s.capacity(), addr, bytes)) {
-    ::madvise(addr, bytes, MADV_HUGEPAGE);
-  }
-}
-
 void MakeResident(char* p, size_t len) {
   void* addr = nullptr;
   size_t bytes = 0;
@@ -46,7 +36,8 @@ void MakeResident(char* p, size_t len) {
 }
 
 void ReserveResident(std::string& s, size_t size) {
-  ReserveLarge(s, size);
+  assert(s.empty());
+  s.reserve(size);
   MakeResident(s.data(), s.capacity());
 }
 

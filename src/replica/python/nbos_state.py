@@ -583,16 +583,26 @@ def _array_digest(a):
     return (h.digest(), fortran, a.shape, a.dtype.str)
 
 
-def _array_from_bytes(data, dtype, shape, fortran, writable=True):
+def _array_from_bytes(data, dtype, shape, fortran, writable=True, owned=False):
+    """An array over `data`: a copy of it if `writable`, unless `owned` (a writable buffer no
+    one else uses, so the array may keep it)."""
     np = _np()
     n = 1
     for d in shape:
         n *= d
     if n == 0:
         return np.empty(shape, dtype)
-    buf = bytearray(data) if writable else data
+    buf = bytearray(data) if writable and not owned else data
     a = np.frombuffer(buf, dtype=dtype, count=n)
     return a.reshape(tuple(reversed(shape))).T if fortran else a.reshape(shape)
+
+
+def _writable(data):
+    """Whether `data` is a writable buffer (the C++ store hands out a fresh one per get)."""
+    try:
+        return not memoryview(data).readonly
+    except TypeError:
+        return False
 
 
 def _is_plain_tensor(torch, t):
@@ -619,7 +629,8 @@ def _tensor_bytes(t):
     return c.view(torch.uint8).numpy()
 
 
-def _tensor_from_bytes(data, dtype, shape, writable=True):
+def _tensor_from_bytes(data, dtype, shape, writable=True, owned=False):
+    """As _array_from_bytes, for a torch tensor."""
     torch = _torch()
     n = 1
     for d in shape:
@@ -627,7 +638,8 @@ def _tensor_from_bytes(data, dtype, shape, writable=True):
     if n == 0:
         return torch.empty(shape, dtype=dtype)
     if writable:
-        return torch.frombuffer(bytearray(data), dtype=dtype, count=n).reshape(shape)
+        buf = data if owned else bytearray(data)
+        return torch.frombuffer(buf, dtype=dtype, count=n).reshape(shape)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only source used only as a copy_ source
         return torch.frombuffer(data, dtype=dtype, count=n).reshape(shape)
@@ -1205,6 +1217,7 @@ class _DeltaUnpickler(pickle.Unpickler):
         self._ns = sync.ns
         self._table = sync._table
         self._fetched = fetched
+        self._taken = set()  # keys whose fetched buffer a loaded object now owns
         self.rebinds = rebinds
         self.restore_memo = None  # {index: object} while _memo_restorer's pickle is loaded
 
@@ -1223,6 +1236,16 @@ class _DeltaUnpickler(pickle.Unpickler):
             data = self._sync._get(key)
             self._fetched[key] = data
         return data
+
+    def _blob_to_keep(self, key):
+        """(data, owned): the blob, and whether the caller may keep its buffer instead of
+        copying it. The first user of a writable fetched buffer owns it; later users of the same
+        content (equal objects in one delta) copy, so they never share memory."""
+        data = self._blob(key)
+        if key in self._taken or not _writable(data):
+            return data, False
+        self._taken.add(key)
+        return data, True
 
     def _name(self, name):
         if name in self.rebinds:
@@ -1345,7 +1368,10 @@ class _DeltaUnpickler(pickle.Unpickler):
                 return obj
             except Exception:
                 pass
-        new = _array_from_bytes(data, dtype, shape, fortran)
+        owned = False
+        if inline is None:
+            data, owned = self._blob_to_keep(key)
+        new = _array_from_bytes(data, dtype, shape, fortran, owned=owned)
         e = self._table.register(new, token)
         if e is not None:
             e.key = key
@@ -1360,15 +1386,24 @@ class _DeltaUnpickler(pickle.Unpickler):
         unchanged = (obj is not None and key is not None and e.key == key
                      and obj.dtype == dtype and tuple(obj.shape) == shape)
         if not unchanged:
-            data = inline if inline is not None else self._blob(key)
+            copy_into = (obj is not None and obj.dtype == dtype and tuple(obj.shape) == shape)
+            owned = False
+            if inline is not None:
+                data = inline
+            elif copy_into:
+                data = self._blob(key)
+            else:
+                data, owned = self._blob_to_keep(key)
             if obj is not None:
                 with torch.no_grad():
-                    if obj.dtype == dtype and tuple(obj.shape) == shape:
+                    if copy_into:
                         obj.copy_(_tensor_from_bytes(data, dtype, shape, writable=False))
                     else:
-                        obj.data = _tensor_from_bytes(data, dtype, shape).to(obj.device)
+                        obj.data = _tensor_from_bytes(data, dtype, shape,
+                                                      owned=owned).to(obj.device)
             else:
-                src = _tensor_from_bytes(data, dtype, shape).to(_tensor_device(torch, device))
+                src = _tensor_from_bytes(data, dtype, shape,
+                                         owned=owned).to(_tensor_device(torch, device))
                 if issubclass(cls, torch.nn.Parameter):
                     obj = cls(src, requires_grad=requires_grad)
                 elif cls is torch.Tensor:
@@ -1693,7 +1728,13 @@ class StateSync:
                 if obj is not None and e.key == key:
                     continue  # this replica already has that content
             fetched[key] = self._get(key)
-        buffers = [bytearray(self._get(k)) for k in header.get("oob", ())]  # writable
+        # Out-of-band buffers become the storage of what unpickles them, so each must be a
+        # writable buffer of its own (the store's are, unless another buffer has the same key).
+        buffers, seen = [], set()
+        for k in header.get("oob", ()):
+            data = self._get(k)
+            buffers.append(data if k not in seen and _writable(data) else bytearray(data))
+            seen.add(k)
         names = header.get("set", [])
         if len(header.get("offsets", ())) != len(names) or \
                 len(header.get("oob_index", ())) != len(names):

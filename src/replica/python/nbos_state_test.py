@@ -23,8 +23,9 @@ HIDDEN = frozenset({"__name__", "__builtins__"})
 
 
 # ------------------------------------------------------------------------------------------
-# Blob stores with the C++ store's interface: put(bytes|memoryview) -> hex sha256 key, get,
-# contains. They count calls so that tests can assert deduplication.
+# Blob stores with the C++ store's interface: put(bytes|memoryview) -> hex sha256 key, get (a
+# fresh writable buffer per call), contains. They count calls so that tests can assert
+# deduplication.
 
 
 class MemStore:
@@ -43,7 +44,7 @@ class MemStore:
 
     def get(self, key):
         self.gets += 1
-        return self.blobs[key]
+        return bytearray(self.blobs[key])
 
     def contains(self, key):
         return key in self.blobs
@@ -70,8 +71,11 @@ class DirStore:
 
     def get(self, key):
         self.gets += 1
-        with open(os.path.join(self.path, key), "rb") as f:
-            return f.read()
+        path = os.path.join(self.path, key)
+        data = bytearray(os.path.getsize(path))
+        with open(path, "rb") as f:
+            f.readinto(data)
+        return data
 
     def contains(self, key):
         return os.path.exists(os.path.join(self.path, key))
@@ -566,6 +570,48 @@ def test_numpy_arrays_small_large_and_dedup():
     c.run("buf[0] = 1")
     assert c.sb["buf"] is buf and buf[0] == 1
     c.assert_in_sync()
+
+
+class ReadOnlyStore(MemStore):
+    """A store whose get returns immutable bytes: standbys must copy what they keep."""
+
+    def get(self, key):
+        self.gets += 1
+        return self.blobs[key]
+
+
+@pytest.mark.parametrize("store_type", [MemStore, ReadOnlyStore])
+def test_equal_contents_in_one_delta_never_share_memory(store_type):
+    # A standby keeps a fetched buffer as the storage of the first array, tensor or pickle-5
+    # buffer built from it; every other object with the same content (same blob key) gets a copy.
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    c = Cluster(threshold=1024, store=store_type())
+    c.run("import numpy as np, torch, pickle\n"
+          "a1 = np.ones(10_000)\na2 = np.ones(10_000)\n"
+          "t1 = torch.ones(10_000)\nt2 = torch.ones(10_000)\n"
+          "class Blob:\n    def __init__(self, data):\n        self.data = data\n"
+          "    def __reduce_ex__(self, protocol):\n"
+          "        return (rebuild_blob, (pickle.PickleBuffer(self.data),))\n"
+          "def rebuild_blob(buf):\n    return Blob(np.frombuffer(buf, dtype=np.uint8))\n"
+          "b1 = Blob(np.full(70_000, ord('z'), np.uint8))\n"
+          "b2 = Blob(np.full(70_000, ord('z'), np.uint8))")
+    c.assert_in_sync()
+    sb = c.sb
+    assert len(describe(c.deltas[-1])["oob"]) == 2
+    for x, y in (("a1", "a2"), ("t1", "t2")):
+        assert not np.shares_memory(np.asarray(sb[x]), np.asarray(sb[y])), (x, y)
+    assert not np.shares_memory(sb["b1"].data, sb["b2"].data)
+    assert sb["a1"].flags.writeable and sb["b1"].data.flags.writeable
+    # Writing one leaves the others, and the store's copy, as they were.
+    sb["a1"][0] = 5.0
+    sb["t1"][0] = 5.0
+    sb["b1"].data[0] = 0
+    assert sb["a2"][0] == 1.0 and float(sb["t2"][0]) == 1.0 and sb["b2"].data[0] == ord("z")
+    c.run("a1[1] = 2.0\nt2[1] = 3.0")
+    assert sb["a1"][1] == 2.0 and float(sb["t2"][1]) == 3.0 and float(sb["t1"][1]) == 1.0
+    assert bytes(c.store.blobs[c.store.put(np.ones(10_000).tobytes())]) == \
+        np.ones(10_000).tobytes()
 
 
 def test_reading_a_huge_name_does_not_reserialize_it():
