@@ -155,7 +155,40 @@ struct RaftNode::Impl {
         r->done[i](self->Error(status, "propose"));
       }
     }
-    self->SubmitWaiting();
+    if (status == 0 && self->waiting.empty() && !self->raft_closing) {
+      self->AnnounceCommit();
+    } else {
+      self->SubmitWaiting();
+    }
+  }
+
+  // C-Raft 0.15 tells followers about a new commit index only with its next message: the next
+  // heartbeat, up to two heartbeat intervals away. Appending a barrier sends that message now, so
+  // followers apply what was just committed within a round trip (a standby's reply, and a follower
+  // executor's election and its next cell, wait for exactly that). Only once the leader has
+  // nothing else to send, since a batch that follows carries the commit index too. The barrier is
+  // the request in flight: one pending request at a time.
+  struct AnnounceRequest {
+    struct raft_barrier req {};
+    Impl* impl = nullptr;
+  };
+
+  void AnnounceCommit() {
+    auto* r = new AnnounceRequest();
+    r->impl = this;
+    r->req.data = r;
+    if (raft_barrier(&raft, &r->req, OnAnnounced) != 0) {
+      delete r;
+      SubmitWaiting();
+      return;
+    }
+    in_flight = true;
+  }
+
+  static void OnAnnounced(struct raft_barrier* req, int /*status*/) {
+    std::unique_ptr<AnnounceRequest> r(static_cast<AnnounceRequest*>(req->data));
+    r->impl->in_flight = false;
+    r->impl->SubmitWaiting();
   }
 
   void SubmitWaiting() {
@@ -330,6 +363,7 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
   raft_set_heartbeat_timeout(&p->raft, options.heartbeat_timeout_ms);
   raft_set_snapshot_threshold(&p->raft, options.snapshot_threshold);
   raft_set_snapshot_trailing(&p->raft, options.snapshot_trailing);
+  raft_set_install_snapshot_timeout(&p->raft, options.install_snapshot_timeout_ms);
   raft_set_pre_vote(&p->raft, true);
 
   auto close_raft = [p](Status status) -> Status {

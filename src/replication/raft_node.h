@@ -21,12 +21,17 @@ struct RaftNodeOptions {
   // C-Raft's defaults (1000/100 ms) make failover slow; these keep it under a second while leaving
   // a loaded 2-core machine enough slack not to flap. Pre-vote stops a partitioned member from
   // disrupting the group when it returns. C-Raft 0.15 tells followers about a new commit index
-  // only with its next message, so the heartbeat interval is how late a follower applies what
-  // the leader committed (a standby's reply waits for that): keep it short.
+  // only with its next message; the leader sends one at once after each batch it commits (see
+  // raft_node.cc), and the heartbeat bounds the delay whenever that message is lost.
   unsigned election_timeout_ms = 300;
   unsigned heartbeat_timeout_ms = 10;
   unsigned snapshot_threshold = 1024;  // entries between snapshots
   unsigned snapshot_trailing = 128;    // entries kept after a snapshot
+  // How long the leader waits for a member to install a snapshot before it tries again. A member
+  // busy taking its own snapshot drops an incoming one without an answer, and C-Raft's default
+  // (30 s) then left a catching-up member that long without entries. A slow install that outlasts
+  // this only gets the snapshot sent again.
+  unsigned install_snapshot_timeout_ms = 2000;
   // Between attempts to connect to a peer that is not listening yet (C-Raft's default, 1000 ms,
   // made every replica that starts after its peers, and every migration target, wait a second).
   unsigned connect_retry_delay_ms = 50;
