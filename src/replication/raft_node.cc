@@ -155,40 +155,7 @@ struct RaftNode::Impl {
         r->done[i](self->Error(status, "propose"));
       }
     }
-    if (status == 0 && self->waiting.empty() && !self->raft_closing) {
-      self->AnnounceCommit();
-    } else {
-      self->SubmitWaiting();
-    }
-  }
-
-  // C-Raft 0.15 tells followers about a new commit index only with its next message: the next
-  // heartbeat, up to two heartbeat intervals away. Appending a barrier sends that message now, so
-  // followers apply what was just committed within a round trip (a standby's reply, and a follower
-  // executor's election and its next cell, wait for exactly that). Only once the leader has
-  // nothing else to send, since a batch that follows carries the commit index too. The barrier is
-  // the request in flight: one pending request at a time.
-  struct AnnounceRequest {
-    struct raft_barrier req {};
-    Impl* impl = nullptr;
-  };
-
-  void AnnounceCommit() {
-    auto* r = new AnnounceRequest();
-    r->impl = this;
-    r->req.data = r;
-    if (raft_barrier(&raft, &r->req, OnAnnounced) != 0) {
-      delete r;
-      SubmitWaiting();
-      return;
-    }
-    in_flight = true;
-  }
-
-  static void OnAnnounced(struct raft_barrier* req, int /*status*/) {
-    std::unique_ptr<AnnounceRequest> r(static_cast<AnnounceRequest*>(req->data));
-    r->impl->in_flight = false;
-    r->impl->SubmitWaiting();
+    self->SubmitWaiting();
   }
 
   void SubmitWaiting() {

@@ -21,8 +21,8 @@ struct RaftNodeOptions {
   // C-Raft's defaults (1000/100 ms) make failover slow; these keep it under a second while leaving
   // a loaded 2-core machine enough slack not to flap. Pre-vote stops a partitioned member from
   // disrupting the group when it returns. C-Raft 0.15 tells followers about a new commit index
-  // only with its next message; the leader sends one at once after each batch it commits (see
-  // raft_node.cc), and the heartbeat bounds the delay whenever that message is lost.
+  // only with its next message, so the heartbeat interval is how late a follower applies what
+  // the leader committed (a standby's reply waits for that): keep it short.
   unsigned election_timeout_ms = 300;
   unsigned heartbeat_timeout_ms = 10;
   unsigned snapshot_threshold = 1024;  // entries between snapshots
