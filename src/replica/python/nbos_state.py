@@ -27,10 +27,11 @@ API
     describe(data)                  # the parsed header of a delta/snapshot (names, keys, ...)
 
 `store` is any object with put(bytes|memoryview) -> str key (idempotent, content-addressed),
-get(key) -> a buffer (bytes, or a fresh writable buffer per call that arrays and tensors
-rebuilt from it may keep as their memory) and contains(key) -> bool. `hidden` is IPython's `user_ns_hidden` (anything
-supporting `in`); names matching IPython's own conventions (_, __, ___, _i, _ii, _iN, _N, _oh,
-_ih, _dh, In, Out, exit, quit, get_ipython, dunder names) are always skipped.
+get(key) -> a buffer (bytes, or a fresh writable buffer per call that arrays and tensors rebuilt
+from it may keep as their memory) and contains(key) -> bool. `hidden` is IPython's
+`user_ns_hidden` (anything supporting `in`); names matching IPython's own conventions (_, __,
+___, _i, _ii, _iN, _N, _oh, _ih, _dh, In, Out, exit, quit, get_ipython, dunder names) are always
+skipped.
 
 This module must be importable under the same name ("nbos_state") on every replica: pickles
 refer to a few of its helpers and to NotReplicated by module name.
