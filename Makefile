@@ -2,7 +2,8 @@
 JOBS ?= $(shell nproc)
 PY := /usr/bin/python3
 
-.PHONY: all build dev bootstrap run example test test-unit test-e2e bench fuzz format clean
+.PHONY: all build dev tsan tsan-test bootstrap run example test test-unit test-e2e bench fuzz format \
+	format-check clean
 
 all: build
 
@@ -16,6 +17,15 @@ build:
 dev:
 	@[ -f build-dev/build.ninja ] || cmake --preset dev
 	cmake --build build-dev -j$(JOBS)
+
+# clang with ThreadSanitizer, in build-tsan/. `make tsan-test` runs the gateway's end-to-end
+# suites with it (scripts/tsan-test says how reports are collected).
+tsan:
+	@[ -f build-tsan/build.ninja ] || cmake --preset tsan
+	cmake --build build-tsan -j$(JOBS) --target nbos
+
+tsan-test: tsan
+	bash scripts/tsan-test
 
 # Starts the platform on its embedded default: a gateway and UP_HOSTS daemons with virtual GPUs on
 # this machine (`nbos up`), serving until Ctrl-C. UP_ARGS passes more options (--port, --token...).
@@ -53,5 +63,9 @@ fuzz:
 format:
 	git ls-files '*.cc' '*.h' | xargs clang-format -i
 
+# Fails when a C++ file is not formatted as `make format` would leave it (run by CI).
+format-check:
+	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
+
 clean:
-	rm -rf build build-dev build-fuzz
+	rm -rf build build-dev build-fuzz build-tsan

@@ -1,11 +1,15 @@
 // Status and Result<T>: the values expected failures travel in. Bugs are assertions, not Statuses.
+// Both are [[nodiscard]]: a failure nobody looks at is a bug; `(void)` marks the rare call whose
+// outcome truly does not matter. Reading a Result's value when it holds an error aborts in every
+// build (NBOS_CHECK), instead of reading a variant that is not there.
 #pragma once
 
-#include <cassert>
 #include <optional>
 #include <string>
 #include <utility>
 #include <variant>
+
+#include "common/check.h"
 
 namespace nbos {
 
@@ -19,7 +23,7 @@ enum class StatusCode {
   kInternal,
 };
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -50,11 +54,11 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 
 // Either a value or a non-OK Status.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
-    assert(!std::get<Status>(v_).ok() && "Result needs a value or an error");
+    NBOS_CHECK(!std::get<Status>(v_).ok(), "a Result needs a value or an error, not an ok Status");
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -63,15 +67,15 @@ class Result {
     return ok() ? kOk : std::get<Status>(v_);
   }
   T& value() & {
-    assert(ok());
+    CheckHasValue();
     return std::get<T>(v_);
   }
   const T& value() const& {
-    assert(ok());
+    CheckHasValue();
     return std::get<T>(v_);
   }
   T&& value() && {
-    assert(ok());
+    CheckHasValue();
     return std::get<T>(std::move(v_));
   }
   T* operator->() { return &value(); }
@@ -80,6 +84,12 @@ class Result {
   const T& operator*() const& { return value(); }
 
  private:
+  void CheckHasValue() const {
+    if (__builtin_expect(!ok(), 0)) {
+      internal::CheckFailed("ok()", __FILE__, __LINE__,
+                            "read a Result that holds an error: " + status().ToString());
+    }
+  }
   std::variant<T, Status> v_;
 };
 

@@ -5,19 +5,19 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <future>
 #include <map>
-#include <mutex>
-#include <stdexcept>
+#include <set>
 #include <thread>
 #include <variant>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "common/ids.h"
+#include "common/thread_annotations.h"
+#include "jupyter/websocket_codec.h"
 #include "jupyter/wire.h"
 
 namespace nbos::gateway {
@@ -26,473 +26,275 @@ namespace {
 using jupyter::Channel;
 using jupyter::Json;
 using jupyter::Message;
-using Clock = std::chrono::system_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-// How often a request that waits for GPUs is planned again.
-constexpr int kReplanIntervalMs = 20;
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+constexpr Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kStdin,
+                                 Channel::kIopub};
 
 }  // namespace
 
-std::string ExecutionId(const std::string& kernel_id, uint64_t sequence) {
-  return kernel_id + ":" + std::to_string(sequence);
-}
-
-struct KernelSession::Impl {
+struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
   struct Link {
     ReplicaEndpoint endpoint;
-    zmq::socket_t shell, control, stdin_socket, iopub;
-    bool live = true;
+    zmq::socket_t sockets[4];  // by kChannels order: shell, control, stdin, iopub
+    zmq::socket_t& socket(Channel c) {
+      switch (c) {
+        case Channel::kShell:
+          return sockets[0];
+        case Channel::kControl:
+          return sockets[1];
+        case Channel::kStdin:
+          return sockets[2];
+        case Channel::kIopub:
+          return sockets[3];
+      }
+      return sockets[0];
+    }
   };
-  struct Queued {
-    ClientId client;
-    Message request;
-    int64_t received_us;
+  struct AttachClient {
+    ClientId client = 0;
+    ClientSink sink;
   };
-  struct InFlight {
-    std::string msg_id;
-    std::string exec_id;
-    Json header;
-    ExecutionPlan plan;
-    int64_t received_us = 0;
-    int64_t planned_us = 0;
-    int64_t sent_us = 0;
-    bool stop_on_error = true;
-  };
-  // Membership changes and control calls, with what the caller waits on.
   struct LinkChange {
     std::optional<ReplicaEndpoint> add;  // else remove
     ReplicaId remove = 0;
     std::shared_ptr<std::promise<Status>> done;
   };
   struct ControlCall {
-    ReplicaId to = 0;
-    Message request;
-    std::shared_ptr<std::promise<Json>> reply;
+    ControlCallRequested call;
+    std::shared_ptr<std::promise<Result<Json>>> reply;
   };
-  using Command = std::variant<std::pair<ClientId, ClientSink>,          // attach
-                               ClientId,                                 // detach
-                               std::pair<ClientId, jupyter::WsMessage>,  // send
-                               std::monostate,                           // interrupt
-                               std::pair<ReplicaId, bool>,               // lost (false) / back
-                               std::vector<ReplicaId>,                   // probe
-                               LinkChange, ControlCall>;
+  // An event whose poster waits until it is applied and its effects published.
+  struct Synced {
+    RouterEvent event;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  using Command = std::variant<RouterEvent, AttachClient, LinkChange, ControlCall, Synced>;
 
-  KernelSessionOptions options;
-  jupyter::Signer signer;
-  jupyter::MessageFactory factory;
-  zmq::context_t context{1};
-  std::vector<Link> links;
-  int wake_fd = -1;
-  std::thread thread;
-  std::atomic<bool> stopping{false};
-  std::atomic<bool> executions_held{false};
-  std::atomic<ClientId> next_client{1};
-
-  mutable std::mutex mu;
-  std::deque<Command> commands;  // guarded by mu
-  std::string state = "idle";    // guarded by mu
-  std::string last_activity;     // guarded by mu
-  int connections = 0;           // guarded by mu
-  ReplicaId executor = 0;        // guarded by mu
-  ReplicaId executing = 0;       // guarded by mu: the in-flight execution's target, 0 if none
-  Stats stats;                   // guarded by mu
-
-  // Session thread only.
-  std::map<ClientId, ClientSink> clients;
-  std::deque<Queued> shell_queue;
-  std::optional<InFlight> in_flight;
-  bool waiting_logged = false;
-  std::map<std::string, ClientId> reply_to;      // request msg_id -> client
-  std::map<std::string, ReplicaId> input_asker;  // input_request msg_id -> replica
-  std::map<std::string, ReplicaId> probes;       // kernel_info probes not yet answered
-  std::map<std::string, std::shared_ptr<std::promise<Json>>> control_calls;  // by request id
-  bool links_changed = false;          // the poll set must be rebuilt
-  std::set<ReplicaId> answered_probe;  // guarded by mu
-  std::condition_variable probe_cv;
-  bool shut_down = false;  // guarded by mu
-  OutputMerger merger;
-  uint64_t sequence = 0;
+  // What other threads may read, published by the session thread after each round.
+  struct Published {
+    std::string state = "idle";
+    std::string last_activity;
+    int connections = 0;
+    ReplicaId executor = 0, executing = 0;
+    Stats stats;
+  };
 
   explicit Impl(KernelSessionOptions o)
-      : options(std::move(o)), factory(options.session_id, "nbos") {}
+      : options(std::move(o)), router(RouterOptionsFor(options)) {}
+
+  static RouterOptions RouterOptionsFor(const KernelSessionOptions& o) {
+    RouterOptions r;
+    r.kernel_id = o.kernel_id;
+    r.session_id = o.session_id;
+    r.gpus = o.gpus;
+    for (const ReplicaEndpoint& ep : o.replicas) r.replicas.push_back(ep.replica_id);
+    r.limits = o.limits;
+    return r;
+  }
+
+  const KernelSessionOptions options;
+  jupyter::Signer signer;
+  std::atomic<bool> stopping{false};
+  std::atomic<ClientId> next_client{1};
+  std::atomic<uint64_t> next_call{1};
+  std::atomic<uint64_t> exceptions_caught{0};
+  std::thread thread;
+
+  // The session thread's own (and the Shutdown caller's, once the thread is joined).
+  KernelRouter router;
+  zmq::context_t context{1};
+  std::vector<Link> links;
+  bool links_changed = false;
+  std::map<ClientId, ClientSink> sinks;
+  std::multimap<SteadyClock::time_point, uint64_t> timers;
+  std::map<uint64_t, std::shared_ptr<std::promise<Result<Json>>>> calls;
+  int64_t published_activity_us = -1;
+
+  mutable Mutex mu;
+  std::deque<Command> inbox GUARDED_BY(mu);
+  int wake_fd GUARDED_BY(mu) = -1;
+  bool shut_down GUARDED_BY(mu) = false;
+  Published published GUARDED_BY(mu);
+  std::set<ReplicaId> answered_probe GUARDED_BY(mu);
+  CondVar probe_cv;
 
   Link* FindLink(ReplicaId id) {
     for (Link& l : links)
       if (l.endpoint.replica_id == id) return &l;
     return nullptr;
   }
-  std::set<ReplicaId> Live() const {
-    std::set<ReplicaId> live;
-    for (const Link& l : links)
-      if (l.live) live.insert(l.endpoint.replica_id);
-    return live;
-  }
 
   // Callers on other threads may hold the session after Shutdown closed wake_fd; a write to the
   // closed number would land in whatever reused it (a ZeroMQ context's signaler, which then
   // aborts), so the fd is only written under mu while it is open.
-  void Wake() {
-    std::lock_guard lock(mu);
-    if (wake_fd < 0) return;
-    uint64_t one = 1;
-    (void)!write(wake_fd, &one, sizeof(one));
-  }
-  void Post(Command c) {
+  void Post(Command c) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
-      commands.push_back(std::move(c));
-    }
-    Wake();
-  }
-  void Touch() {
-    {
-      std::lock_guard lock(mu);
-      last_activity = FormatIsoUtc(Clock::now());
-      state = in_flight || !shell_queue.empty() ? "busy" : "idle";
-    }
-    if (options.hooks.changed) options.hooks.changed();
-  }
-
-  // ---- to replicas ----
-  void SendTo(zmq::socket_t& socket, const Message& m) {
-    std::vector<std::string> frames = jupyter::EncodeFrames(m, signer);
-    for (size_t i = 0; i < frames.size(); ++i) {
-      socket.send(zmq::buffer(frames[i]),
-                  i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    }
-  }
-
-  // ---- to clients ----
-  void Deliver(ClientId client, Channel channel, Message m) {
-    auto it = clients.find(client);
-    if (it == clients.end()) return;
-    m.header["session"] = options.session_id;
-    it->second.deliver(jupyter::WsMessage{channel, std::move(m)});
-  }
-  void Broadcast(Channel channel, Message m) {
-    m.header["session"] = options.session_id;
-    jupyter::WsMessage ws{channel, std::move(m)};
-    for (auto& [id, sink] : clients) sink.deliver(ws);
-  }
-  void ForwardReply(Channel channel, Message reply) {
-    const std::string parent = reply.parent_msg_id();
-    if (auto call = control_calls.find(parent); call != control_calls.end()) {
-      call->second->set_value(std::move(reply.content));
-      control_calls.erase(call);
-      return;
-    }
-    if (auto probe = probes.find(parent); probe != probes.end()) {
-      {
-        std::lock_guard lock(mu);
-        answered_probe.insert(probe->second);
-      }
-      probes.erase(probe);
-      probe_cv.notify_all();
-      return;
-    }
-    if (in_flight && parent == in_flight->msg_id) FinishExecution(&reply);
-    auto it = reply_to.find(parent);
-    if (it == reply_to.end()) return;
-    const ClientId client = it->second;
-    reply_to.erase(it);
-    Deliver(client, channel, std::move(reply));
-  }
-  void ForwardIopub(std::vector<Message> messages) {
-    for (Message& m : messages) Broadcast(Channel::kIopub, std::move(m));
-  }
-
-  // ---- executions ----
-  void FinishExecution(Message* reply) {
-    InFlight done = std::move(*in_flight);
-    in_flight.reset();
-    {
-      std::lock_guard lock(mu);
-      executing = 0;
-    }
-    const int64_t releasing_us = NowUs();
-    if (!done.plan.grant_id.empty() && options.hooks.release) options.hooks.release(done.plan);
-    Json& nbos = reply->metadata["nbos"];
-    if (!nbos.is_object()) nbos = Json::object();
-    nbos["server"] = done.plan.server_id;
-    nbos["gpu_ids"] = done.plan.device_ids;
-    nbos["target_replica"] = done.plan.target_replica;
-    // Per-hop times (µs since the epoch): request in, GPUs granted, sent to the replicas, grant
-    // being released, reply out.
-    nbos["gateway_us"] = Json{{"received", done.received_us},
-                              {"planned", done.planned_us},
-                              {"sent", done.sent_us},
-                              {"releasing", releasing_us},
-                              {"replied", NowUs()}};
-    if (nbos.contains("executor") && nbos["executor"].is_number_unsigned()) {
-      std::lock_guard lock(mu);
-      executor = nbos["executor"].get<ReplicaId>();
-    }
-    const bool failed = reply->content.value("status", "ok") == "error";
-    if (failed && done.stop_on_error) AbortQueuedExecutions();
-  }
-
-  // Like a kernel with stop_on_error: executions queued behind a failed cell are answered
-  // "aborted" instead of running against the state the failure left behind.
-  void AbortQueuedExecutions() {
-    std::deque<Queued> kept;
-    for (Queued& q : shell_queue) {
-      if (q.request.msg_type() != "execute_request") {
-        kept.push_back(std::move(q));
-        continue;
-      }
-      reply_to.erase(q.request.msg_id());
-      Broadcast(Channel::kIopub,
-                factory.Make("status", Json{{"execution_state", "busy"}}, q.request.header));
-      Message reply = factory.Make("execute_reply", Json{{"status", "aborted"}}, q.request.header);
-      reply.metadata = Json{{"status", "aborted"}};
-      Deliver(q.client, Channel::kShell, std::move(reply));
-      Broadcast(Channel::kIopub,
-                factory.Make("status", Json{{"execution_state", "idle"}}, q.request.header));
-    }
-    shell_queue = std::move(kept);
-  }
-
-  // Sends queued shell requests as far as order and GPUs allow.
-  void PumpShell() {
-    while (!shell_queue.empty()) {
-      Queued& head = shell_queue.front();
-      const std::set<ReplicaId> live = Live();
-      if (live.empty()) return;
-      if (head.request.msg_type() != "execute_request") {
-        const ReplicaId to = live.count(merger.primary()) ? merger.primary() : *live.begin();
-        merger.Expect(head.request.msg_id(), {to});
-        SendTo(FindLink(to)->shell, head.request);
-        shell_queue.pop_front();
-        continue;
-      }
-      if (in_flight || executions_held.load()) return;
-      Json& meta = head.request.metadata;
-      Json nbos = meta.value("nbos", Json::object());
-      if (!nbos.is_object()) nbos = Json::object();
-      int gpus = options.gpus;
-      if (nbos.contains("gpus") && nbos["gpus"].is_number_integer()) gpus = nbos["gpus"].get<int>();
-      ReplicaId requested = 0;
-      if (nbos.contains("target_replica") && nbos["target_replica"].is_number_unsigned())
-        requested = nbos["target_replica"].get<ReplicaId>();
-      const std::string exec_id = ExecutionId(options.kernel_id, sequence + 1);
-      std::optional<ExecutionPlan> plan;
-      if (options.hooks.plan) {
-        plan = options.hooks.plan(exec_id, gpus, requested, live);
-      } else {
-        plan = ExecutionPlan{requested ? requested : *live.begin(), "", "", {}};
-      }
-      if (!plan) {
-        if (!waiting_logged) {
-          waiting_logged = true;
-          std::lock_guard lock(mu);
-          ++stats.waited_for_gpus;
-          spdlog::info("kernel {}: execution {} waits for {} GPU(s)", options.kernel_id, exec_id,
-                       gpus);
-        }
+      MutexLock lock(&mu);
+      if (!shut_down) {
+        inbox.push_back(std::move(c));
+        uint64_t one = 1;
+        (void)!write(wake_fd, &one, sizeof(one));
         return;
       }
-      const int64_t planned_us = NowUs();
-      waiting_logged = false;
-      ++sequence;
-      nbos["exec_id"] = exec_id;
-      nbos["target_replica"] = plan->target_replica;
-      nbos["gpu_ids"] = plan->device_ids;
-      meta["nbos"] = nbos;
-      InFlight f;
-      f.msg_id = head.request.msg_id();
-      f.exec_id = exec_id;
-      f.header = head.request.header;
-      f.plan = std::move(*plan);
-      f.received_us = head.received_us;
-      f.planned_us = planned_us;
-      f.stop_on_error = head.request.content.value("stop_on_error", true);
-      std::vector<ReplicaId> to(live.begin(), live.end());
-      merger.Expect(f.msg_id, to);
-      f.sent_us = NowUs();
-      for (ReplicaId r : to) SendTo(FindLink(r)->shell, head.request);
-      in_flight = std::move(f);
-      {
-        std::lock_guard lock(mu);
-        ++stats.executions;
-        executing = in_flight->plan.target_replica;
+    }
+    // Too late for the router: what still needs an answer gets it here.
+    if (auto* e = std::get_if<RouterEvent>(&c)) {
+      if (auto* done = std::get_if<PlanDone>(e); done && done->plan.ok() && *done->plan &&
+                                                 !(*done->plan)->grant_id.empty() &&
+                                                 options.hooks.release) {
+        options.hooks.release(**done->plan);
       }
-      shell_queue.pop_front();
+    } else if (auto* call = std::get_if<ControlCall>(&c)) {
+      call->reply->set_value(Unavailable("kernel " + options.kernel_id + " is shutting down"));
+    } else if (auto* change = std::get_if<LinkChange>(&c)) {
+      change->done->set_value(Unavailable("kernel " + options.kernel_id + " is shutting down"));
+    } else if (auto* synced = std::get_if<Synced>(&c)) {
+      synced->done->set_value();
     }
   }
 
-  void HandleClient(ClientId client, jupyter::WsMessage ws) {
-    Message& m = ws.message;
-    const std::string type = m.msg_type();
-    switch (ws.channel) {
-      case Channel::kShell:
-        if (type == "shutdown_request") {
-          HandleShutdown(client, Channel::kShell, m);
-          return;
-        }
-        reply_to[m.msg_id()] = client;
-        shell_queue.push_back({client, std::move(m), NowUs()});
-        PumpShell();
-        return;
-      case Channel::kControl: {
-        if (type == "shutdown_request") {
-          HandleShutdown(client, Channel::kControl, m);
-          return;
-        }
-        const std::set<ReplicaId> live = Live();
-        if (live.empty()) return;
-        ReplicaId to = in_flight ? in_flight->plan.target_replica : merger.primary();
-        if (!live.count(to)) to = *live.begin();
-        reply_to[m.msg_id()] = client;
-        merger.Expect(m.msg_id(), {to});
-        SendTo(FindLink(to)->control, m);
-        return;
-      }
-      case Channel::kStdin: {
-        // input_reply answers the replica that asked.
-        const std::string asked = m.parent_msg_id();
-        auto it = input_asker.find(asked);
-        // jupyter_client's input() replies with an empty parent header; with one prompt
-        // outstanding there is no doubt whom it answers.
-        if (it == input_asker.end() && input_asker.size() == 1) it = input_asker.begin();
-        if (it == input_asker.end()) return;
-        Link* link = FindLink(it->second);
-        input_asker.erase(it);
-        if (link != nullptr && link->live) SendTo(link->stdin_socket, m);
-        return;
-      }
-      case Channel::kIopub:
-        return;  // clients do not publish
+  // ---- the router's effects ----
+  void Execute(std::vector<RouterEffect> effects) {
+    for (RouterEffect& effect : effects) {
+      std::visit(Overloaded{
+                     [&](gateway::SendToReplicas& e) { SendFrames(e); },
+                     [&](SendToClient& e) {
+                       auto it = sinks.find(e.client);
+                       if (it == sinks.end()) return;
+                       bool binary = false;
+                       std::string frame = jupyter::EncodeWs(e.message, &binary);
+                       it->second.deliver(frame, binary);
+                     },
+                     [&](SendToAllClients& e) {
+                       bool binary = false;
+                       std::string frame = jupyter::EncodeWs(e.message, &binary);
+                       for (auto& [id, sink] : sinks) sink.deliver(frame, binary);
+                     },
+                     [&](CloseClient& e) {
+                       auto it = sinks.find(e.client);
+                       if (it == sinks.end()) return;
+                       if (it->second.close) it->second.close(e.code, e.reason);
+                       sinks.erase(it);
+                     },
+                     [&](PlanWanted& e) { RequestPlan(e); },
+                     [&](GrantReleaseWanted& e) {
+                       if (options.hooks.release) options.hooks.release(e.plan);
+                     },
+                     [&](TimerWanted& e) {
+                       timers.emplace(SteadyClock::now() + std::chrono::milliseconds(e.delay_ms),
+                                      e.timer_id);
+                     },
+                     [&](ShutdownWanted& e) {
+                       if (options.hooks.shutdown_requested)
+                         options.hooks.shutdown_requested(e.restart);
+                     },
+                     [&](ProbeAnswered& e) {
+                       MutexLock lock(&mu);
+                       answered_probe.insert(e.replica);
+                       probe_cv.SignalAll();
+                     },
+                     [&](ControlCallAnswered& e) {
+                       auto it = calls.find(e.call_id);
+                       if (it == calls.end()) return;
+                       it->second->set_value(std::move(e.reply));
+                       calls.erase(it);
+                     },
+                     [&](InputRejected& e) {
+                       spdlog::warn("kernel {}: refused a client message ({}): {}",
+                                    options.kernel_id, RejectClassName(e.reason), e.detail);
+                       if (options.hooks.rejected) options.hooks.rejected(e.reason);
+                     },
+                 },
+                 effect);
     }
   }
 
-  void HandleShutdown(ClientId client, Channel channel, const Message& request) {
-    const bool restart = request.content.value("restart", false);
-    Message reply = factory.Make("shutdown_reply", Json{{"status", "ok"}, {"restart", restart}},
-                                 request.header);
-    Deliver(client, channel, std::move(reply));
-    if (options.hooks.shutdown_requested) options.hooks.shutdown_requested(restart);
+  void SendFrames(const gateway::SendToReplicas& e) {
+    const std::vector<std::string> frames = jupyter::EncodeFrames(e.message, signer);
+    for (ReplicaId r : e.replicas) {
+      Link* link = FindLink(r);
+      if (link == nullptr) continue;
+      zmq::socket_t& socket = link->socket(e.channel);
+      for (size_t i = 0; i < frames.size(); ++i) {
+        socket.send(zmq::buffer(frames[i]),
+                    i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      }
+    }
   }
 
-  void SendInterrupt() {
-    const std::set<ReplicaId> live = Live();
-    if (live.empty()) return;
-    ReplicaId to = in_flight ? in_flight->plan.target_replica : merger.primary();
-    if (!live.count(to)) to = *live.begin();
-    Message m = factory.Make("interrupt_request", Json::object(), Json::object());
-    // The reply has no client; the merger forwards nothing for it.
-    merger.Expect(m.msg_id(), {to});
-    SendTo(FindLink(to)->control, m);
-  }
-
-  void SetLive(ReplicaId r, bool alive) {
-    Link* link = FindLink(r);
-    if (link == nullptr || link->live == alive) return;
-    link->live = alive;
-    spdlog::info("kernel {}: replica {} {}", options.kernel_id, r, alive ? "back" : "lost");
-    if (alive) {
-      merger.OnReplicaBack(r);
+  void RequestPlan(const PlanWanted& want) {
+    if (!options.hooks.plan) {
+      ReplicaId to = want.requested_target && want.live.count(want.requested_target)
+                         ? want.requested_target
+                         : (want.live.empty() ? 0 : *want.live.begin());
+      Apply(PlanDone{want.plan_id, std::optional<ExecutionPlan>(ExecutionPlan{to, "", "", {}})});
       return;
     }
-    for (auto& [id, asker] : input_asker)
-      if (asker == r) asker = 0;
-    for (Message& m : merger.OnReplicaLost(r)) Route(r, std::move(m));
-    if (!in_flight || in_flight->plan.target_replica != r) return;
-    const std::set<ReplicaId> live = Live();
-    if (live.empty()) {
-      FailInFlight("every replica of this kernel was lost while the cell ran");
-      return;
-    }
-    // The standbys wait for the executor's effects; tell them it is gone so they answer
-    // (ExecutorLost) with the state of the last completed cell.
-    Message cancel =
-        factory.Make("nbos_cancel_request", Json{{"exec_id", in_flight->exec_id}}, Json::object());
-    merger.Expect(cancel.msg_id(), {live.begin(), live.end()});
-    for (ReplicaId to : live) SendTo(FindLink(to)->control, cancel);
-  }
-
-  // Answers the in-flight execution on the replicas' behalf when none of them can.
-  void FailInFlight(const std::string& why) {
-    Message request;
-    request.header = in_flight->header;
-    auto it = reply_to.find(in_flight->msg_id);
-    Message reply = factory.Make("execute_reply",
-                                 Json{{"status", "error"},
-                                      {"ename", "ExecutorLost"},
-                                      {"evalue", why},
-                                      {"traceback", Json::array({"ExecutorLost: " + why})}},
-                                 in_flight->header);
-    Message idle = factory.Make("status", Json{{"execution_state", "idle"}}, in_flight->header);
-    ForwardReply(Channel::kShell, std::move(reply));
-    (void)it;
-    Broadcast(Channel::kIopub, std::move(idle));
-  }
-
-  // A message the merger let through: replies to their client, the rest to everyone.
-  void Route(ReplicaId from, Message m) {
-    const std::string type = m.msg_type();
-    if (type.size() > 6 && type.compare(type.size() - 6, 6, "_reply") == 0) {
-      ForwardReply(type == "interrupt_reply" || type == "shutdown_reply" ? Channel::kControl
-                                                                         : Channel::kShell,
-                   std::move(m));
-    } else {
-      (void)from;
-      Broadcast(Channel::kIopub, std::move(m));
-    }
-  }
-
-  void RunCommands() {
-    std::deque<Command> batch;
-    {
-      std::lock_guard lock(mu);
-      batch.swap(commands);
-    }
-    for (Command& c : batch) {
-      if (auto* attach = std::get_if<0>(&c)) {
-        clients[attach->first] = std::move(attach->second);
-      } else if (auto* detach = std::get_if<1>(&c)) {
-        clients.erase(*detach);
-      } else if (auto* send = std::get_if<2>(&c)) {
-        HandleClient(send->first, std::move(send->second));
-      } else if (std::holds_alternative<std::monostate>(c)) {
-        SendInterrupt();
-      } else if (auto* liveness = std::get_if<4>(&c)) {
-        SetLive(liveness->first, liveness->second);
-      } else if (auto* change = std::get_if<6>(&c)) {
-        change->done->set_value(ApplyLinkChange(*change));
-      } else if (auto* call = std::get_if<7>(&c)) {
-        Link* link = FindLink(call->to);
-        if (link == nullptr || !link->live) {
-          call->reply->set_exception(std::make_exception_ptr(std::runtime_error("not live")));
-          continue;
-        }
-        control_calls[call->request.msg_id()] = call->reply;
-        merger.Expect(call->request.msg_id(), {call->to});
-        SendTo(link->control, call->request);
-      } else if (auto* probe = std::get_if<5>(&c)) {
-        for (ReplicaId r : *probe) {
-          Link* link = FindLink(r);
-          if (link == nullptr) continue;
-          Message m = factory.Make("kernel_info_request", Json::object(), Json::object());
-          probes[m.msg_id()] = r;
-          merger.Expect(m.msg_id(), {r});
-          SendTo(link->shell, m);
-        }
+    std::weak_ptr<Impl> weak = weak_from_this();
+    auto release = options.hooks.release;
+    const uint64_t plan_id = want.plan_id;
+    options.hooks.plan(want, [weak, release, plan_id](Result<std::optional<ExecutionPlan>> plan) {
+      if (auto self = weak.lock()) {
+        self->Post(RouterEvent(PlanDone{plan_id, std::move(plan)}));
+      } else if (plan.ok() && *plan && !(*plan)->grant_id.empty() && release) {
+        release(**plan);  // the session is gone: nobody will use these GPUs
       }
+    });
+  }
+
+  // One event through the router and its effects out. What escapes is the router's or a hook's
+  // bug, or a third-party library's exception: logged and counted; the session goes on.
+  void Apply(RouterEvent event) {
+    try {
+      Execute(router.Apply(NowUs(), std::move(event)));
+    } catch (const std::exception& e) {
+      ++exceptions_caught;
+      spdlog::error("kernel {}: {} escaped while handling an event; the session goes on",
+                    options.kernel_id, e.what());
     }
-    {
-      std::lock_guard lock(mu);
-      connections = static_cast<int>(clients.size());
-    }
+  }
+
+  void RunCommand(Command& c) {
+    std::visit(Overloaded{
+                   [&](RouterEvent& e) {
+                     if (auto* d = std::get_if<ClientDetached>(&e)) sinks.erase(d->client);
+                     Apply(std::move(e));
+                   },
+                   [&](AttachClient& a) {
+                     sinks[a.client] = std::move(a.sink);
+                     Apply(ClientAttached{a.client});
+                   },
+                   [&](LinkChange& change) { change.done->set_value(ApplyLinkChange(change)); },
+                   [&](ControlCall& call) {
+                     calls[call.call.call_id] = call.reply;
+                     Apply(std::move(call.call));
+                   },
+                   [&](Synced& synced) {
+                     Apply(std::move(synced.event));
+                     Publish();
+                     synced.done->set_value();
+                   },
+               },
+               c);
   }
 
   Status ApplyLinkChange(const LinkChange& change) {
     if (!change.add) {
-      SetLive(change.remove, false);
+      Apply(ReplicaUnlinked{change.remove});
       std::erase_if(links, [&](const Link& l) { return l.endpoint.replica_id == change.remove; });
       links_changed = true;
       return Status::Ok();
@@ -506,8 +308,8 @@ struct KernelSession::Impl {
     } catch (const zmq::error_t& e) {
       return Unavailable(std::string("connecting to the new replica: ") + e.what());
     }
-    merger.OnReplicaBack(change.add->replica_id);
     links_changed = true;
+    Apply(ReplicaLinked{change.add->replica_id});
     return Status::Ok();
   }
 
@@ -516,51 +318,118 @@ struct KernelSession::Impl {
     Link l;
     l.endpoint = ep;
     const std::string identity = "nbos-gateway-" + options.kernel_id;
-    l.shell = zmq::socket_t(context, zmq::socket_type::dealer);
-    l.control = zmq::socket_t(context, zmq::socket_type::dealer);
-    l.stdin_socket = zmq::socket_t(context, zmq::socket_type::dealer);
-    l.iopub = zmq::socket_t(context, zmq::socket_type::sub);
-    // The shell and stdin identities must match: a kernel sends input_request to the stdin
-    // identity of the shell requester.
-    l.shell.set(zmq::sockopt::routing_id, identity);
-    l.stdin_socket.set(zmq::sockopt::routing_id, identity);
-    l.iopub.set(zmq::sockopt::subscribe, "");
-    for (zmq::socket_t* s : {&l.shell, &l.control, &l.stdin_socket, &l.iopub}) {
-      s->set(zmq::sockopt::linger, 0);
-      s->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.max_message_bytes));
+    const jupyter::ConnectionInfo& c = ep.connection;
+    const std::pair<Channel, int> ports[] = {{Channel::kShell, c.shell_port},
+                                             {Channel::kControl, c.control_port},
+                                             {Channel::kStdin, c.stdin_port},
+                                             {Channel::kIopub, c.iopub_port}};
+    for (const auto& [channel, port] : ports) {
+      zmq::socket_t& s = l.socket(channel);
+      s = zmq::socket_t(
+          context, channel == Channel::kIopub ? zmq::socket_type::sub : zmq::socket_type::dealer);
+      s.set(zmq::sockopt::linger, 0);
+      s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.limits.max_message_bytes));
+      // The shell and stdin identities must match: a kernel sends input_request to the stdin
+      // identity of the shell requester.
+      if (channel == Channel::kShell || channel == Channel::kStdin) {
+        s.set(zmq::sockopt::routing_id, identity);
+      }
+      if (channel == Channel::kIopub) s.set(zmq::sockopt::subscribe, "");
+      s.connect(c.Endpoint(port));
     }
-    l.shell.connect(ep.connection.Endpoint(ep.connection.shell_port));
-    l.control.connect(ep.connection.Endpoint(ep.connection.control_port));
-    l.stdin_socket.connect(ep.connection.Endpoint(ep.connection.stdin_port));
-    l.iopub.connect(ep.connection.Endpoint(ep.connection.iopub_port));
     return l;
   }
 
-  std::optional<Message> Receive(zmq::socket_t& socket, const char* what, ReplicaId r) {
-    std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait))
-      return std::nullopt;
-    std::vector<std::string> frames;
-    frames.reserve(parts.size());
-    for (auto& p : parts) frames.emplace_back(p.to_string());
-    auto m = jupyter::DecodeFrames(std::move(frames), signer,
-                                   {.max_message_bytes = options.max_message_bytes});
-    if (!m.ok()) {
-      spdlog::warn("kernel {}: dropping a {} message of replica {}: {}", options.kernel_id, what, r,
-                   m.status().ToString());
-      return std::nullopt;
+  void ReceiveAll(Link& link, Channel channel) {
+    const ReplicaId r = link.endpoint.replica_id;
+    zmq::socket_t& socket = link.socket(channel);
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      if (!zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait))
+        return;
+      std::vector<std::string> frames;
+      frames.reserve(parts.size());
+      for (auto& p : parts) frames.emplace_back(p.to_string());
+      auto m = jupyter::DecodeFrames(std::move(frames), signer,
+                                     {.max_message_bytes = options.limits.max_message_bytes});
+      if (!m.ok()) {
+        spdlog::warn("kernel {}: dropping a {} message of replica {}: {}", options.kernel_id,
+                     jupyter::ChannelName(channel), r, m.status().ToString());
+        continue;
+      }
+      Apply(ReplicaMessage{r, channel, std::move(*m)});
+      if (links_changed) return;  // `link` may be gone
     }
-    return std::move(*m);
   }
 
-  std::vector<zmq::pollitem_t> PollItems() {
+  std::vector<zmq::pollitem_t> PollItems() EXCLUDES(mu) {
     std::vector<zmq::pollitem_t> items;
     for (Link& l : links) {
-      for (zmq::socket_t* s : {&l.shell, &l.control, &l.stdin_socket, &l.iopub})
-        items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+      for (zmq::socket_t& s : l.sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
     }
+    MutexLock lock(&mu);
     items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
     return items;
+  }
+
+  std::chrono::milliseconds PollTimeout() const {
+    constexpr std::chrono::milliseconds kIdle{500};
+    if (timers.empty()) return kIdle;
+    const auto wait =
+        std::chrono::ceil<std::chrono::milliseconds>(timers.begin()->first - SteadyClock::now());
+    return std::clamp(wait, std::chrono::milliseconds(0), kIdle);
+  }
+
+  void FireTimers() {
+    const auto now = SteadyClock::now();
+    while (!timers.empty() && timers.begin()->first <= now) {
+      const uint64_t id = timers.begin()->second;
+      timers.erase(timers.begin());
+      Apply(TimerFired{id});
+    }
+  }
+
+  void DrainInbox() EXCLUDES(mu) {
+    std::deque<Command> batch;
+    {
+      MutexLock lock(&mu);
+      uint64_t n;
+      (void)!read(wake_fd, &n, sizeof(n));
+      batch.swap(inbox);
+    }
+    for (Command& c : batch) RunCommand(c);
+  }
+
+  void Publish() EXCLUDES(mu) {
+    Published p;
+    p.state = router.execution_state();
+    p.connections = static_cast<int>(router.connections());
+    p.executor = router.current_executor();
+    p.executing = router.executing_replica();
+    const KernelRouter::Stats& s = router.stats();
+    p.stats = {s.executions, s.waited_for_gpus, s.rejected, exceptions_caught.load()};
+    MutexLock lock(&mu);
+    if (router.last_activity_us() != published_activity_us) {
+      published_activity_us = router.last_activity_us();
+      published.last_activity = FormatIsoUtc(
+          std::chrono::system_clock::time_point(std::chrono::microseconds(published_activity_us)));
+    }
+    p.last_activity = published.last_activity;
+    published = std::move(p);
+  }
+
+  void Round(std::vector<zmq::pollitem_t>& items) {
+    zmq::poll(items.data(), items.size(), PollTimeout());
+    if (items.back().revents & ZMQ_POLLIN) {
+      DrainInbox();
+      if (links_changed) return;  // the poll results no longer match the links
+    }
+    FireTimers();
+    for (size_t i = 0; i < links.size() && !links_changed; ++i) {
+      for (size_t c = 0; c < 4 && !links_changed; ++c) {
+        if (items[4 * i + c].revents & ZMQ_POLLIN) ReceiveAll(links[i], kChannels[c]);
+      }
+    }
   }
 
   void Run() {
@@ -570,93 +439,78 @@ struct KernelSession::Impl {
         items = PollItems();
         links_changed = false;
       }
-      const bool waiting = !shell_queue.empty() && !in_flight;
-      const int ready = zmq::poll(items.data(), items.size(),
-                                  std::chrono::milliseconds(waiting ? kReplanIntervalMs : 500));
-      if (items.back().revents & ZMQ_POLLIN) {
-        uint64_t n;
-        (void)!read(wake_fd, &n, sizeof(n));
-        RunCommands();
-        if (links_changed) continue;  // the poll results no longer match the links
+      try {
+        Round(items);
+      } catch (const std::exception& e) {
+        ++exceptions_caught;
+        spdlog::error("kernel {}: {} escaped the session loop; the session goes on",
+                      options.kernel_id, e.what());
       }
-      for (size_t i = 0; i < links.size(); ++i) {
-        Link& l = links[i];
-        const ReplicaId r = l.endpoint.replica_id;
-        if (items[4 * i].revents & ZMQ_POLLIN) {
-          while (auto m = Receive(l.shell, "shell", r))
-            for (Message& out : merger.OnReply(r, std::move(*m))) Route(r, std::move(out));
-        }
-        if (items[4 * i + 1].revents & ZMQ_POLLIN) {
-          while (auto m = Receive(l.control, "control", r))
-            for (Message& out : merger.OnReply(r, std::move(*m))) Route(r, std::move(out));
-        }
-        if (items[4 * i + 2].revents & ZMQ_POLLIN) {
-          while (auto m = Receive(l.stdin_socket, "stdin", r)) {
-            auto it = reply_to.find(m->parent_msg_id());
-            if (it == reply_to.end()) continue;
-            input_asker[m->msg_id()] = r;
-            Deliver(it->second, Channel::kStdin, std::move(*m));
-          }
-        }
-        if (items[4 * i + 3].revents & ZMQ_POLLIN) {
-          while (auto m = Receive(l.iopub, "iopub", r))
-            ForwardIopub(merger.OnIopub(r, std::move(*m)));
-        }
-      }
-      const bool was_waiting = waiting;
-      PumpShell();
-      if (ready > 0 || (was_waiting && in_flight)) Touch();
+      Publish();
     }
   }
 };
 
 Result<std::unique_ptr<KernelSession>> KernelSession::Start(KernelSessionOptions options) {
   if (options.replicas.empty()) return InvalidArgument("a kernel needs at least one replica");
-  auto impl = std::make_unique<Impl>(std::move(options));
+  auto impl = std::make_shared<Impl>(std::move(options));
   auto signer = jupyter::Signer::Create(impl->options.replicas.front().connection.key,
                                         impl->options.replicas.front().connection.signature_scheme);
   if (!signer.ok()) return signer.status();
   impl->signer = *signer;
-  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (impl->wake_fd < 0) return Internal("eventfd failed");
+  {
+    MutexLock lock(&impl->mu);
+    impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (impl->wake_fd < 0) return Internal("eventfd failed");
+    impl->published.last_activity = NowIsoUtc();
+  }
   try {
     for (const ReplicaEndpoint& ep : impl->options.replicas)
       impl->links.push_back(impl->Connect(ep));
   } catch (const zmq::error_t& e) {
     return Unavailable(std::string("connecting to the kernel's replicas: ") + e.what());
   }
-  impl->merger.SetPrimary(impl->options.replicas.front().replica_id);
-  impl->last_activity = FormatIsoUtc(Clock::now());
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<KernelSession>(new KernelSession(std::move(impl)));
 }
 
-KernelSession::KernelSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KernelSession::KernelSession(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 KernelSession::~KernelSession() { Shutdown(); }
 
 void KernelSession::Shutdown() {
+  Impl& im = *impl_;
   {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->shut_down) return;
-    impl_->shut_down = true;
+    MutexLock lock(&im.mu);
+    if (im.shut_down) return;
+    im.shut_down = true;
+    uint64_t one = 1;
+    (void)!write(im.wake_fd, &one, sizeof(one));
   }
-  impl_->stopping = true;
-  impl_->Wake();
-  if (impl_->thread.joinable()) impl_->thread.join();
-  impl_->probe_cv.notify_all();
-  for (auto& [id, sink] : impl_->clients)
-    if (sink.closed) sink.closed();
-  impl_->clients.clear();
-  if (impl_->in_flight && !impl_->in_flight->plan.grant_id.empty() &&
-      impl_->options.hooks.release) {
-    impl_->options.hooks.release(impl_->in_flight->plan);
+  im.stopping = true;
+  if (im.thread.joinable()) im.thread.join();
+  // The thread is gone: its state is this caller's now. Commands posted before the close are
+  // still answered, then the router closes (clients 1001, the grant released, calls failed).
+  std::deque<Impl::Command> rest;
+  {
+    MutexLock lock(&im.mu);
+    rest.swap(im.inbox);
+    im.probe_cv.SignalAll();
   }
-  impl_->in_flight.reset();
-  std::lock_guard lock(impl_->mu);
-  close(impl_->wake_fd);
-  impl_->wake_fd = -1;
+  for (Impl::Command& c : rest) im.RunCommand(c);
+  im.Apply(RouterClosing{});
+  for (auto& [id, reply] : im.calls) {
+    reply->set_value(Unavailable("kernel " + im.options.kernel_id + " is shutting down"));
+  }
+  im.calls.clear();
+  for (auto& [id, sink] : im.sinks)
+    if (sink.close) sink.close(1001, "kernel gone");
+  im.sinks.clear();
+  im.links.clear();
+  MutexLock lock(&im.mu);
+  close(im.wake_fd);
+  im.wake_fd = -1;
 }
 
 Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout,
@@ -671,126 +525,115 @@ Status KernelSession::AwaitReplicas(const std::vector<ReplicaId>& replicas,
   return AwaitSome(replicas, timeout, nullptr);
 }
 
-Status KernelSession::ChangeLinks(std::optional<ReplicaEndpoint> add, ReplicaId remove) {
+Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,
+                                std::chrono::milliseconds timeout,
+                                const std::function<Status()>& check) {
+  Impl& im = *impl_;
+  const auto deadline = SteadyClock::now() + timeout;
+  MutexLock lock(&im.mu);
+  im.answered_probe.clear();
+  // A replica still starting may miss a probe that reached its socket before it bound (ZeroMQ
+  // then delivers it), but a restarted one loses it: probe again every second.
+  while (!im.shut_down) {
+    std::vector<ReplicaId> missing;
+    for (ReplicaId r : all)
+      if (!im.answered_probe.count(r)) missing.push_back(r);
+    if (missing.empty()) return Status::Ok();
+    if (check) {
+      MutexUnlock unlock(&im.mu);
+      if (Status s = check(); !s.ok()) return s;
+    }
+    if (SteadyClock::now() >= deadline) {
+      std::string names;
+      for (ReplicaId r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+      return Unavailable("replica(s) " + names + " of kernel " + im.options.kernel_id +
+                         " did not answer kernel_info in time");
+    }
+    {
+      MutexUnlock unlock(&im.mu);
+      im.Post(RouterEvent(ProbeRequested{missing}));
+    }
+    im.probe_cv.WaitUntil(&im.mu, std::min(deadline, SteadyClock::now() + std::chrono::seconds(1)));
+  }
+  return Unavailable("kernel " + im.options.kernel_id + " is shutting down");
+}
+
+KernelSession::ClientId KernelSession::Attach(ClientSink sink) {
+  const ClientId id = impl_->next_client++;
+  impl_->Post(Impl::AttachClient{id, std::move(sink)});
+  return id;
+}
+
+void KernelSession::Detach(ClientId client) { impl_->Post(RouterEvent(ClientDetached{client})); }
+
+void KernelSession::Receive(ClientId client, std::string payload, bool binary) {
+  impl_->Post(RouterEvent(ClientFrame{client, std::move(payload), binary}));
+}
+
+void KernelSession::Interrupt() { impl_->Post(RouterEvent(InterruptRequested{})); }
+void KernelSession::ReplicaLost(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaLost{r})); }
+void KernelSession::ReplicaBack(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaBack{r})); }
+void KernelSession::HoldExecutions(bool hold) {
+  // Synchronous: once a hold returns, executing_replica() tells whether an execution is still in
+  // flight, and none starts after it.
+  auto done = std::make_shared<std::promise<void>>();
+  auto applied = done->get_future();
+  impl_->Post(Impl::Synced{ExecutionsHeld{hold}, done});
+  applied.wait();
+}
+
+Status KernelSession::AddReplica(const ReplicaEndpoint& replica) {
   auto done = std::make_shared<std::promise<Status>>();
   auto result = done->get_future();
-  impl_->Post(Impl::LinkChange{std::move(add), remove, done});
-  // The session thread answers within one poll round unless it stopped.
-  while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->shut_down) {
-      return Unavailable("kernel " + impl_->options.kernel_id + " is shutting down");
-    }
-  }
+  impl_->Post(Impl::LinkChange{replica, 0, done});
   return result.get();
 }
 
-Status KernelSession::AddReplica(const ReplicaEndpoint& replica) { return ChangeLinks(replica, 0); }
-
-void KernelSession::RemoveReplica(ReplicaId replica) { (void)ChangeLinks(std::nullopt, replica); }
-
-void KernelSession::HoldExecutions(bool hold) {
-  impl_->executions_held = hold;
-  if (!hold) impl_->Wake();  // a waiting execution may start now
+void KernelSession::RemoveReplica(ReplicaId replica) {
+  auto done = std::make_shared<std::promise<Status>>();
+  auto result = done->get_future();
+  impl_->Post(Impl::LinkChange{std::nullopt, replica, done});
+  (void)result.get();
 }
 
 Result<jupyter::Json> KernelSession::CallControl(ReplicaId to, const std::string& msg_type,
                                                  jupyter::Json content,
                                                  std::chrono::milliseconds timeout) {
-  auto reply = std::make_shared<std::promise<Json>>();
+  auto reply = std::make_shared<std::promise<Result<Json>>>();
   auto result = reply->get_future();
-  impl_->Post(Impl::ControlCall{
-      to, impl_->factory.Make(msg_type, std::move(content), Json::object()), reply});
+  const uint64_t call_id = impl_->next_call++;
+  impl_->Post(
+      Impl::ControlCall{ControlCallRequested{call_id, to, msg_type, std::move(content)}, reply});
   if (result.wait_for(timeout) != std::future_status::ready) {
     return Unavailable("replica " + std::to_string(to) + " did not answer " + msg_type + " in " +
                        std::to_string(timeout.count()) + " ms");
   }
-  try {
-    return result.get();
-  } catch (const std::future_error&) {
-    return Unavailable("kernel " + impl_->options.kernel_id + " is shutting down");
-  } catch (const std::runtime_error&) {
-    return NotFound("replica " + std::to_string(to) + " is not a live replica of kernel " +
-                    impl_->options.kernel_id);
-  }
+  return result.get();
 }
-
-Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,
-                                std::chrono::milliseconds timeout,
-                                const std::function<Status()>& check) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(impl_->mu);
-  impl_->answered_probe.clear();
-  // A replica still starting may miss a probe that reached its socket before it bound (ZeroMQ
-  // then delivers it), but a restarted one loses it: probe again every second.
-  while (!impl_->shut_down) {
-    std::vector<ReplicaId> missing;
-    for (ReplicaId r : all)
-      if (!impl_->answered_probe.count(r)) missing.push_back(r);
-    if (missing.empty()) return Status::Ok();
-    if (check) {
-      lock.unlock();
-      Status s = check();
-      lock.lock();
-      if (!s.ok()) return s;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string names;
-      for (ReplicaId r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
-      return Unavailable("replica(s) " + names + " of kernel " + impl_->options.kernel_id +
-                         " did not answer kernel_info in time");
-    }
-    impl_->commands.push_back(missing);
-    lock.unlock();
-    impl_->Wake();
-    lock.lock();
-    impl_->probe_cv.wait_until(
-        lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)));
-  }
-  return Unavailable("kernel " + impl_->options.kernel_id + " is shutting down");
-}
-
-KernelSession::ClientId KernelSession::Attach(ClientSink sink) {
-  const ClientId id = impl_->next_client++;
-  impl_->Post(std::make_pair(id, std::move(sink)));
-  return id;
-}
-void KernelSession::Detach(ClientId client) { impl_->Post(client); }
-
-Status KernelSession::Send(ClientId client, jupyter::WsMessage message) {
-  if (message.message.msg_id().empty() || message.message.msg_type().empty()) {
-    return InvalidArgument("a message needs header.msg_id and header.msg_type");
-  }
-  impl_->Post(std::make_pair(client, std::move(message)));
-  return Status::Ok();
-}
-void KernelSession::Interrupt() { impl_->Post(std::monostate{}); }
-void KernelSession::ReplicaLost(ReplicaId r) { impl_->Post(std::make_pair(r, false)); }
-void KernelSession::ReplicaBack(ReplicaId r) { impl_->Post(std::make_pair(r, true)); }
 
 std::string KernelSession::execution_state() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->state;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.state;
 }
 std::string KernelSession::last_activity() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->last_activity;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.last_activity;
 }
 int KernelSession::connections() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->connections;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.connections;
 }
 ReplicaId KernelSession::current_executor() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->executor;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.executor;
 }
 ReplicaId KernelSession::executing_replica() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->executing;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.executing;
 }
 KernelSession::Stats KernelSession::stats() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->stats;
+  MutexLock lock(&impl_->mu);
+  return impl_->published.stats;
 }
 
 }  // namespace nbos::gateway

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "jupyter/json_limits.h"
+
 namespace nbos::jupyter {
 
 namespace {
@@ -96,16 +98,10 @@ std::string EncodeWs(const WsMessage& m, bool* binary) {
   return *binary ? EncodeWsBinary(m) : EncodeWsText(m);
 }
 
-Result<WsMessage> DecodeWs(std::string_view payload, bool binary, const WsLimits& limits) {
-  if (payload.size() > limits.max_message_bytes) {
-    return ResourceExhausted("websocket message of " + std::to_string(payload.size()) +
-                             " bytes exceeds the limit of " +
-                             std::to_string(limits.max_message_bytes));
-  }
-  if (!binary) return FromJson(payload);
+Result<WsBinaryParts> SplitWsBinary(std::string_view payload, size_t max_buffers) {
   if (payload.size() < 8) return InvalidArgument("binary websocket frame too short");
   const uint32_t n = GetU32(payload, 0);
-  if (n == 0 || n - 1 > limits.max_buffers) {
+  if (n == 0 || n - 1 > max_buffers) {
     return InvalidArgument("binary websocket frame has a bad offset count");
   }
   const size_t header_bytes = 4 + 4 * static_cast<size_t>(n);
@@ -124,9 +120,33 @@ Result<WsMessage> DecodeWs(std::string_view payload, bool binary, const WsLimits
     size_t end = i + 1 < n ? offsets[i + 1] : payload.size();
     return payload.substr(offsets[i], end - offsets[i]);
   };
-  auto decoded = FromJson(part(0));
+  WsBinaryParts parts;
+  parts.json = part(0);
+  for (uint32_t i = 1; i < n; ++i) parts.buffers.push_back(part(i));
+  return parts;
+}
+
+Result<WsMessage> DecodeWs(std::string_view payload, bool binary, const WsLimits& limits) {
+  if (payload.size() > limits.max_message_bytes) {
+    return ResourceExhausted("websocket message of " + std::to_string(payload.size()) +
+                             " bytes exceeds the limit of " +
+                             std::to_string(limits.max_message_bytes));
+  }
+  std::string_view json = payload;
+  std::vector<std::string_view> buffers;
+  if (binary) {
+    auto parts = SplitWsBinary(payload, limits.max_buffers);
+    if (!parts.ok()) return parts.status();
+    json = parts->json;
+    buffers = std::move(parts->buffers);
+  }
+  if (!JsonDepthWithin(json, limits.max_json_depth)) {
+    return ResourceExhausted("websocket message nested deeper than " +
+                             std::to_string(limits.max_json_depth) + " levels");
+  }
+  auto decoded = FromJson(json);
   if (!decoded.ok()) return decoded;
-  for (uint32_t i = 1; i < n; ++i) decoded->message.buffers.emplace_back(part(i));
+  for (std::string_view b : buffers) decoded->message.buffers.emplace_back(b);
   return decoded;
 }
 

@@ -8,6 +8,7 @@
 #include <cassert>
 
 #include "common/hex.h"
+#include "jupyter/json_limits.h"
 
 namespace nbos::jupyter {
 
@@ -93,7 +94,11 @@ std::vector<std::string> Assemble(const Message& m, std::string header, std::str
   return frames;
 }
 
-Result<Json> ParseObject(const std::string& text, const char* what) {
+Result<Json> ParseObject(const std::string& text, const char* what, int max_depth) {
+  if (!JsonDepthWithin(text, max_depth)) {
+    return ResourceExhausted(std::string(what) + " nested deeper than " +
+                             std::to_string(max_depth) + " levels");
+  }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(std::string(what) + " is not valid JSON");
   if (!j.is_object()) return InvalidArgument(std::string(what) + " is not a JSON object");
@@ -135,13 +140,13 @@ Result<Message> DecodeFrames(std::vector<std::string> frames, const Signer& sign
     return Unauthenticated("invalid message signature");
   }
   Message m;
-  auto header = ParseObject(frames[delim + 2], "header");
+  auto header = ParseObject(frames[delim + 2], "header", limits.max_json_depth);
   if (!header.ok()) return header.status();
-  auto parent = ParseObject(frames[delim + 3], "parent_header");
+  auto parent = ParseObject(frames[delim + 3], "parent_header", limits.max_json_depth);
   if (!parent.ok()) return parent.status();
-  auto metadata = ParseObject(frames[delim + 4], "metadata");
+  auto metadata = ParseObject(frames[delim + 4], "metadata", limits.max_json_depth);
   if (!metadata.ok()) return metadata.status();
-  auto content = ParseObject(frames[delim + 5], "content");
+  auto content = ParseObject(frames[delim + 5], "content", limits.max_json_depth);
   if (!content.ok()) return content.status();
   m.header = std::move(*header);
   if (m.msg_type().empty()) return InvalidArgument("header has no msg_type");

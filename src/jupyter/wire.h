@@ -39,6 +39,7 @@ class Signer {
 struct DecodeLimits {
   size_t max_message_bytes = 512u << 20;  // all frames together
   size_t max_identities = 16;
+  int max_json_depth = 1024;  // per JSON frame (Python's own recursion limit is 1000)
 };
 
 // Frames of `m` ready to send: identities, delimiter, signature, header, parent_header, metadata,
@@ -52,7 +53,8 @@ std::vector<std::string> EncodeFramesWithContent(const Message& m, std::string c
 
 // Parses frames received from a socket. Never crashes on malformed input. Errors:
 // InvalidArgument (no delimiter, too few frames, a JSON frame that is not an object),
-// Unauthenticated (signature mismatch), ResourceExhausted (over `limits`).
+// Unauthenticated (signature mismatch), ResourceExhausted (over `limits`: size, identities or
+// nesting).
 Result<Message> DecodeFrames(std::vector<std::string> frames, const Signer& signer,
                              const DecodeLimits& limits = {});
 

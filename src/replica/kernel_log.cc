@@ -31,11 +31,14 @@ bool Contains(const std::vector<ReplicaId>& v, ReplicaId r) {
 
 }  // namespace
 
-// Layout: version byte, type byte, u32 header length, header JSON (exec_id, replica, meta),
-// payload bytes to the end. The payload stays raw: deltas can be megabytes of pickle.
+// Layout: version byte, type byte, u32 header length, header JSON (exec_id, replica, meta, and
+// the proposal id when there is one), payload bytes to the end. The payload stays raw: deltas can
+// be megabytes of pickle. Decoders of the same version ignore header fields they do not know, so
+// entries with an id stay readable by older code and entries without one by newer code.
 std::string EncodeKernelEntry(const KernelEntry& entry) {
-  std::string header =
-      Json{{"exec_id", entry.exec_id}, {"replica", entry.replica}, {"meta", entry.meta}}.dump();
+  Json fields{{"exec_id", entry.exec_id}, {"replica", entry.replica}, {"meta", entry.meta}};
+  if (!entry.id.empty()) fields["id"] = entry.id;
+  std::string header = fields.dump();
   std::string out;
   out.reserve(2 + 4 + header.size() + entry.payload.size());
   out.push_back(static_cast<char>(kFormatVersion));
@@ -71,12 +74,31 @@ Result<KernelEntry> DecodeKernelEntry(std::string_view bytes) {
   if (auto meta = header.find("meta"); meta != header.end() && meta->is_object()) {
     entry.meta = *meta;
   }
+  if (auto id = header.find("id"); id != header.end()) {
+    if (!id->is_string()) return InvalidArgument("kernel log entry id is not a string");
+    entry.id = id->get<std::string>();
+  }
   entry.payload = std::string(bytes.substr(header_len));
   return entry;
 }
 
+ProposalIds::ProposalIds(ReplicaId replica, std::string nonce)
+    : prefix_(std::to_string(replica) + ":" + std::move(nonce) + ":") {}
+
+std::string ProposalIds::Next() { return prefix_ + std::to_string(next_seq_++); }
+
 KernelStateMachine::KernelStateMachine(size_t replicas, Listener* listener)
     : replicas_(replicas), listener_(listener) {}
+
+bool KernelStateMachine::FirstApplication(const std::string& id) {
+  if (!applied_ids_.insert(id).second) return false;
+  applied_id_order_.push_back(id);
+  if (applied_id_order_.size() > kAppliedIdsKept) {
+    applied_ids_.erase(applied_id_order_.front());
+    applied_id_order_.pop_front();
+  }
+  return true;
+}
 
 Election& KernelStateMachine::ElectionSlot(const std::string& exec_id) {
   auto [it, inserted] = elections_.try_emplace(exec_id);
@@ -98,6 +120,13 @@ void KernelStateMachine::Apply(std::string_view command) {
     return;
   }
   KernelEntry& e = *decoded;
+  if (!e.id.empty() && !FirstApplication(e.id)) {
+    // The same proposal committed again (a retry): its effects are already applied, on every
+    // replica alike, since every replica skips the same copies.
+    ++duplicates_skipped_;
+    if (listener_) listener_->OnDuplicateSkipped(e);
+    return;
+  }
   switch (e.type) {
     case KernelEntry::Type::kLead:
     case KernelEntry::Type::kYield: {
@@ -145,7 +174,8 @@ void KernelStateMachine::Apply(std::string_view command) {
 
 std::string KernelStateMachine::Snapshot() {
   // Checkpoint and journal are binary: they travel as payloads of entries in a length-prefixed
-  // sequence, with the small election table in the first entry's meta.
+  // sequence, with the small election table and the window of applied proposal ids in the first
+  // entry's meta.
   Json elections = Json::array();
   for (const auto& id : election_order_) {
     const Election& el = elections_.at(id);
@@ -160,7 +190,9 @@ std::string KernelStateMachine::Snapshot() {
                    Json{{"elections", std::move(elections)},
                         {"executions_done", executions_done_},
                         {"journal_total", journal_total_},
-                        {"malformed_entries", malformed_entries_}},
+                        {"malformed_entries", malformed_entries_},
+                        {"applied_ids", applied_id_order_},
+                        {"duplicates_skipped", duplicates_skipped_}},
                    checkpoint_});
   for (const auto& r : journal_) parts.push_back({r.type, r.exec_id, 0, Json::object(), r.payload});
   std::string out;
@@ -199,8 +231,25 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
     order.push_back(id);
     elections[id] = std::move(e);
   }
+  // Snapshots of older versions have no window: nothing applied before them is deduped.
+  std::deque<std::string> applied_order;
+  std::unordered_set<std::string> applied;
+  const Json ids = parts[0].meta.value("applied_ids", Json::array());
+  if (!ids.is_array()) return InvalidArgument("kernel snapshot applied_ids is not a list");
+  for (const auto& id : ids) {
+    if (!id.is_string()) return InvalidArgument("kernel snapshot applied_ids holds a non-string");
+    std::string value = id.get<std::string>();
+    if (applied.insert(value).second) applied_order.push_back(std::move(value));
+  }
+  while (applied_order.size() > kAppliedIdsKept) {
+    applied.erase(applied_order.front());
+    applied_order.pop_front();
+  }
   elections_ = std::move(elections);
   election_order_ = std::move(order);
+  applied_ids_ = std::move(applied);
+  applied_id_order_ = std::move(applied_order);
+  duplicates_skipped_ = parts[0].meta.value("duplicates_skipped", uint64_t{0});
   executions_done_ = parts[0].meta.value("executions_done", uint64_t{0});
   journal_total_ = parts[0].meta.value("journal_total", uint64_t{0});
   malformed_entries_ = parts[0].meta.value("malformed_entries", uint64_t{0});

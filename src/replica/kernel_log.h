@@ -2,6 +2,13 @@
 // execution: the LEAD/YIELD proposals of the replicas, the executor's namespace delta, and an
 // ExecDone marker; plus side-effect statements and periodic checkpoints of the whole namespace.
 // Pure and deterministic: committed entries in, decisions out through a Listener.
+//
+// Exactly-once: a proposal may be committed more than once (a forwarded proposal whose answer was
+// lost is retried, a leader that lost leadership may still have had its entry committed). Every
+// entry a replica proposes carries a proposal id (ProposalIds), the same on every retry, and the
+// state machine applies an id at most once: it remembers the last kAppliedIdsKept ids it applied.
+// Every replica sees the same log (and snapshots carry the window), so every replica skips the
+// same entries. Entries without an id (older logs) apply as before.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "common/status.h"
@@ -35,6 +43,9 @@ struct KernelEntry {
   ReplicaId replica = 0;
   jupyter::Json meta = jupyter::Json::object();  // small type-specific fields
   std::string payload;
+  // Names this proposal across the group and across restarts (see ProposalIds); identical on
+  // every retry. Empty: no id (entries of older logs), applied every time it is committed.
+  std::string id;
 
   bool operator==(const KernelEntry&) const = default;
 };
@@ -42,6 +53,20 @@ struct KernelEntry {
 std::string EncodeKernelEntry(const KernelEntry& entry);
 // Errors: InvalidArgument for bytes that are not an entry of this format.
 Result<KernelEntry> DecodeKernelEntry(std::string_view bytes);
+
+// Proposal ids of one proposing process: "<replica>:<nonce>:<seq>". The replica id makes them
+// unique within the group, the nonce (random, drawn once per process at the I/O edge) across
+// restarts of that replica, the sequence number within the process. Pure: the caller supplies
+// the nonce. Not thread-safe.
+class ProposalIds {
+ public:
+  ProposalIds(ReplicaId replica, std::string nonce);
+  std::string Next();
+
+ private:
+  std::string prefix_;
+  uint64_t next_seq_ = 1;
+};
 
 // Outcome of one execution's election, identical on every replica because it is derived from the
 // log order alone: the first committed LEAD wins; if every replica YIELDs first, it failed.
@@ -80,6 +105,9 @@ class KernelStateMachine final : public replication::StateMachine {
     // appended, the checkpointed ones included.
     virtual void OnRestored(const std::string& checkpoint,
                             const std::vector<JournalRecord>& journal, uint64_t journal_total) = 0;
+    // An entry whose proposal id was already applied was skipped (a retried proposal committed
+    // twice). For logging; the state did not change.
+    virtual void OnDuplicateSkipped(const KernelEntry& /*entry*/) {}
   };
 
   // `replicas`: how many YIELDs make an election fail. `listener` may be null (tests).
@@ -96,13 +124,23 @@ class KernelStateMachine final : public replication::StateMachine {
   uint64_t executions_done() const { return executions_done_; }
   uint64_t journal_total() const { return journal_total_; }
   uint64_t malformed_entries() const { return malformed_entries_; }
+  // Entries skipped because their proposal id had already been applied.
+  uint64_t duplicates_skipped() const { return duplicates_skipped_; }
+  // The window of applied proposal ids, oldest first.
+  const std::deque<std::string>& applied_ids() const { return applied_id_order_; }
 
   // Elections remembered (oldest are forgotten first); late proposals for a forgotten one are
   // ignored, since its outcome was decided long ago.
   static constexpr size_t kElectionsKept = 4096;
+  // Proposal ids remembered, oldest forgotten first. A retry commits within seconds of its first
+  // copy (ProposalRouter gives up after the caller's timeout), a cell commits about six entries,
+  // so this covers the last ~1300 cells, far more than a retry can lag behind.
+  static constexpr size_t kAppliedIdsKept = 8192;
 
  private:
   Election& ElectionSlot(const std::string& exec_id);
+  // Records `id` as applied; false if it already was (the entry must be skipped).
+  bool FirstApplication(const std::string& id);
 
   size_t replicas_;
   Listener* listener_;
@@ -113,6 +151,9 @@ class KernelStateMachine final : public replication::StateMachine {
   uint64_t journal_total_ = 0;  // records ever appended; journal_ holds the last ones
   uint64_t executions_done_ = 0;
   uint64_t malformed_entries_ = 0;
+  std::unordered_set<std::string> applied_ids_;
+  std::deque<std::string> applied_id_order_;  // the same ids, oldest first
+  uint64_t duplicates_skipped_ = 0;
 };
 
 }  // namespace nbos::replica

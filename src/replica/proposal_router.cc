@@ -99,6 +99,8 @@ std::string PeerEndpointFor(const std::string& raft_address) {
 struct ProposalRouter::Impl {
   replication::RaftNode* node = nullptr;
   std::string self_address;
+  ProposalRouterOptions options;
+  uint64_t drops_left = 0;  // guarded by client_mu
   zmq::context_t ctx{1};
   zmq::socket_t server;
   std::thread serve_thread;
@@ -406,12 +408,18 @@ ProposalRouter::ProposalRouter(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 }
 
 Result<std::unique_ptr<ProposalRouter>> ProposalRouter::Start(replication::RaftNode* node,
-                                                              const std::string& raft_address) {
+                                                              const std::string& raft_address,
+                                                              ProposalRouterOptions options) {
   std::string endpoint = PeerEndpointFor(raft_address);
   if (endpoint.empty()) return InvalidArgument("bad raft address '" + raft_address + "'");
+  if (options.forward_attempt_timeout.count() <= 0) {
+    return InvalidArgument("forward attempt timeout must be positive");
+  }
   auto impl = std::make_unique<Impl>();
   impl->node = node;
   impl->self_address = raft_address;
+  impl->options = options;
+  impl->drops_left = options.drop_forwarded_answers;
   try {
     impl->server = zmq::socket_t(impl->ctx, zmq::socket_type::router);
     impl->server.set(zmq::sockopt::linger, 0);
@@ -453,6 +461,8 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
   std::lock_guard lock(impl_->client_mu);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status last = Unavailable("no leader");
+  // Every attempt sends the same bytes: a command that carries an id keeps it on every retry.
+  bool attempted = false;
   while (std::chrono::steady_clock::now() < deadline) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -476,11 +486,16 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
     std::string seq = std::to_string(++impl_->next_seq);
     std::vector<zmq::const_buffer> request{zmq::buffer(seq)};
     for (const auto& c : commands) request.push_back(zmq::buffer(c));
-    zmq::send_multipart(client, request);
+    if (attempted) ++retries_;
+    attempted = true;
+    if (!zmq::send_multipart(client, request)) {
+      last = Unavailable("cannot send to leader " + leader.address);
+    }
     // Wait for the answer to this seq; stale answers to earlier, timed-out calls are dropped. A
     // leader that just died never answers, so each attempt waits only so long before asking
     // the log again who leads.
-    const auto attempt_deadline = std::min(deadline, std::chrono::steady_clock::now() + 1s);
+    const auto attempt_deadline = std::min(
+        deadline, std::chrono::steady_clock::now() + impl_->options.forward_attempt_timeout);
     last = Unavailable("leader " + leader.address + " did not answer");
     for (;;) {
       auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -491,6 +506,11 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
       std::vector<zmq::message_t> parts;
       if (!zmq::recv_multipart(client, std::back_inserter(parts))) break;
       if (parts.size() != 3 || parts[0].to_string() != seq) continue;
+      if (impl_->drops_left > 0) {
+        --impl_->drops_left;  // test only: as if the network lost it
+        spdlog::debug("dropping the answer to forwarded proposal {} (test option)", seq);
+        continue;
+      }
       if (parts[1].to_string() == "ok") return std::stoull(parts[2].to_string());
       last = Unavailable("leader " + leader.address + ": " + parts[2].to_string());
       break;

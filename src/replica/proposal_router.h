@@ -21,17 +21,31 @@ namespace nbos::replica {
 // "tcp://IP:(port+1)" for a Raft address "IP:port"; empty if the address is malformed.
 std::string PeerEndpointFor(const std::string& raft_address);
 
+struct ProposalRouterOptions {
+  // How long a follower waits for the leader's answer to a forwarded proposal before it asks the
+  // log again who leads and sends the proposal again.
+  std::chrono::milliseconds forward_attempt_timeout{1000};
+  // Test only: the first N answers to proposals this member forwarded are discarded as if the
+  // network had lost them, so it retries proposals the leader already committed.
+  uint64_t drop_forwarded_answers = 0;
+};
+
 class ProposalRouter {
  public:
   // `node` must outlive the router. Binds the peer endpoint of `raft_address` and serves
   // forwarded proposals on a thread of its own.
   static Result<std::unique_ptr<ProposalRouter>> Start(replication::RaftNode* node,
-                                                       const std::string& raft_address);
+                                                       const std::string& raft_address,
+                                                       ProposalRouterOptions options = {});
   ~ProposalRouter();
 
   // Commits `command` through the current leader, following leader changes, until `timeout`.
   // Returns its log index. Errors: kUnavailable (no leader reachable in time) or the log's own
   // error. Thread-safe; calls are serialised.
+  // At least once, not exactly once: an attempt whose answer was lost or late, or a proposal on a
+  // leader that lost leadership before the commit, may be committed although it is retried (or
+  // reported failed), so the same bytes can be committed more than once. Commands must make
+  // their repetition harmless (kernel log entries carry a proposal id the state machine dedupes).
   Result<uint64_t> Propose(std::string command, std::chrono::milliseconds timeout);
   // Commits `commands` as consecutive entries in one round trip; returns the last one's index.
   Result<uint64_t> ProposeAll(std::vector<std::string> commands, std::chrono::milliseconds timeout);
@@ -57,12 +71,15 @@ class ProposalRouter {
   Status RemoveMember(replication::ServerId id, std::chrono::milliseconds timeout);
 
   uint64_t forwarded_served() const { return served_.load(); }
+  // Forwarded proposals sent again after an attempt got no answer in time (or a refusal).
+  uint64_t forward_retries() const { return retries_.load(); }
 
  private:
   struct Impl;
   explicit ProposalRouter(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   std::atomic<uint64_t> served_{0};
+  std::atomic<uint64_t> retries_{0};
 };
 
 }  // namespace nbos::replica

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/ids.h"
 #include "replica/python_engine.h"
 
 namespace nbos::replica {
@@ -35,10 +36,14 @@ std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
 }  // namespace
 
 ReplicaGate::ReplicaGate(const ReplicaOptions& options)
-    : options_(options), machine_(options.replicas, this) {}
+    : options_(options),
+      ids_(options.replica_id, options.proposal_nonce),
+      machine_(options.replicas, this) {}
 
 Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& options) {
-  std::unique_ptr<ReplicaGate> gate(new ReplicaGate(options));
+  ReplicaOptions with_nonce = options;
+  if (with_nonce.proposal_nonce.empty()) with_nonce.proposal_nonce = NewUuid();
+  std::unique_ptr<ReplicaGate> gate(new ReplicaGate(with_nonce));
   auto store = store::OpenBlobStore(options.blob_store_url);
   if (!store.ok()) return store.status();
   gate->store_ =
@@ -110,6 +115,12 @@ void ReplicaGate::OnCheckpoint(uint64_t covers) {
 void ReplicaGate::OnRestored(const std::string& checkpoint,
                              const std::vector<JournalRecord>& journal, uint64_t journal_total) {
   Enqueue({Event::Kind::kRestored, "", 0, checkpoint, {}, journal, journal_total});
+}
+
+void ReplicaGate::OnDuplicateSkipped(const KernelEntry& entry) {
+  spdlog::debug("execution {}: skipped a second commit of proposal {} (type {}, {} skipped)",
+                entry.exec_id, entry.id, static_cast<int>(entry.type),
+                machine_.duplicates_skipped());
 }
 
 void ReplicaGate::Remember(std::map<std::string, Json>* map, std::deque<std::string>* order,
@@ -230,8 +241,13 @@ bool ReplicaGate::WaitFor(Pred done, const std::string& exec_id,
   }
 }
 
-Status ReplicaGate::Propose(const KernelEntry& entry) {
-  auto r = router_->Propose(EncodeKernelEntry(entry), options_.propose_timeout);
+std::string ReplicaGate::EncodeWithId(KernelEntry entry) {
+  entry.id = ids_.Next();
+  return EncodeKernelEntry(entry);
+}
+
+Status ReplicaGate::Propose(KernelEntry entry) {
+  auto r = router_->Propose(EncodeWithId(std::move(entry)), options_.propose_timeout);
   return r.ok() ? Status::Ok() : r.status();
 }
 
@@ -249,7 +265,7 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   }
   KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
                        options_.replica_id, Json::object(), ""};
-  if (Status s = Propose(proposal); !s.ok()) return s;
+  if (Status s = Propose(std::move(proposal)); !s.ok()) return s;
   bool decided =
       WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
   if (!decided) {
@@ -271,15 +287,15 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   auto delta = engine_->TakeDelta();
   if (!delta.ok()) return delta.status();
   if (!delta->empty()) {
-    entries.push_back(EncodeKernelEntry({KernelEntry::Type::kDelta, decision.exec_id,
-                                         options_.replica_id, Json::object(), std::move(*delta)}));
+    entries.push_back(EncodeWithId({KernelEntry::Type::kDelta, decision.exec_id,
+                                    options_.replica_id, Json::object(), std::move(*delta)}));
   }
   auto side_effects = engine_->TakeSideEffects();
   if (!side_effects.ok()) return side_effects.status();
   if (!side_effects->empty()) {
     entries.push_back(
-        EncodeKernelEntry({KernelEntry::Type::kSideEffect, decision.exec_id, options_.replica_id,
-                           Json::object(), std::move(*side_effects)}));
+        EncodeWithId({KernelEntry::Type::kSideEffect, decision.exec_id, options_.replica_id,
+                      Json::object(), std::move(*side_effects)}));
   }
   Json reply = Json::parse(reply_content, nullptr, false);
   const bool silent = request.content.value("silent", false);
@@ -287,7 +303,7 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
             {"execution_count", reply.is_object() ? reply.value("execution_count", 0) : 0},
             {"store_history", request.content.value("store_history", !silent)},
             {"code", request.content.value("code", "")}};
-  entries.push_back(EncodeKernelEntry(
+  entries.push_back(EncodeWithId(
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
   if (!committed.ok()) return committed.status();
@@ -313,7 +329,7 @@ void ReplicaGate::MaybeCheckpoint() {
   KernelEntry entry{KernelEntry::Type::kCheckpoint, "", options_.replica_id,
                     Json{{"covers", journal_seen_}}, std::move(*data)};
   // Best effort: a lost checkpoint only means catch-up replays more.
-  if (Status s = Propose(entry); !s.ok())
+  if (Status s = Propose(std::move(entry)); !s.ok())
     spdlog::warn("checkpoint not committed: {}", s.ToString());
 }
 

@@ -44,6 +44,9 @@ struct ReplicaOptions {
   bool lead_follows_executor = true;
   // How long a membership change may take (a new replica's catch-up included).
   std::chrono::milliseconds membership_timeout{90000};
+  // Makes this process's proposal ids unique across restarts (see ProposalIds). Empty: Start
+  // draws a random one (NewUuid); tests may fix it.
+  std::string proposal_nonce;
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -87,6 +90,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void OnCheckpoint(uint64_t covers) override;
   void OnRestored(const std::string& checkpoint, const std::vector<JournalRecord>& journal,
                   uint64_t journal_total) override;
+  void OnDuplicateSkipped(const KernelEntry& entry) override;
   void Enqueue(Event event);
 
   // Engine's thread: applies queued events in log order.
@@ -96,12 +100,15 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // releases the GIL while waiting. Returns whether done() holds.
   template <typename Pred>
   bool WaitFor(Pred done, const std::string& exec_id, std::chrono::milliseconds timeout);
-  Status Propose(const KernelEntry& entry);
+  // Encodes `entry` with the next proposal id; every retry of it re-sends the same bytes.
+  std::string EncodeWithId(KernelEntry entry);
+  Status Propose(KernelEntry entry);
   void MaybeCheckpoint();
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 
   ReplicaOptions options_;
+  ProposalIds ids_;  // used by the engine's thread only
   std::unique_ptr<store::PrefetchingBlobStore> store_;
   KernelStateMachine machine_;
   std::unique_ptr<replication::RaftNode> node_;

@@ -1,0 +1,377 @@
+#include "gateway/http_api.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "jupyter/json_limits.h"
+#include "sched/subscription.h"
+
+namespace nbos::gateway {
+namespace {
+
+using jupyter::Json;
+
+constexpr char kVersion[] = "0.1.0";
+
+http::Response JsonResponse(int status, const Json& body) {
+  http::Response r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return r;
+}
+
+http::Response NoContent() {
+  http::Response r;
+  r.status = 204;
+  r.content_type.clear();
+  return r;
+}
+
+Json ResourcesJson(const sched::Resources& r) {
+  return Json{{"millicpus", r.millicpus},
+              {"memory_mb", r.memory_mb},
+              {"gpus", r.gpus},
+              {"vram_mb", r.vram_mb}};
+}
+
+Json KernelModel(const KernelRecord& k) {
+  Json m{{"id", k.meta.kernel_id},
+         {"name", k.meta.kernelspec},
+         {"last_activity", k.meta.created},
+         {"execution_state", "starting"},
+         {"connections", 0}};
+  if (k.session) {
+    m["last_activity"] = k.session->last_activity();
+    m["execution_state"] = k.session->execution_state();
+    m["connections"] = k.session->connections();
+  }
+  return m;
+}
+
+// One kernel WebSocket: frames go to the session as received; the session validates them and
+// answers, closes this connection for frames that cannot be messages, and closes it with 1001
+// when the kernel goes away.
+class Channels final : public http::WsHandler {
+ public:
+  Channels(std::shared_ptr<KernelSession> session, const std::shared_ptr<http::WsConnection>& conn)
+      : session_(std::move(session)) {
+    std::weak_ptr<http::WsConnection> weak = conn;
+    client_ = session_->Attach({[weak](const std::string& frame, bool binary) {
+                                  auto c = weak.lock();
+                                  if (!c) return;
+                                  if (binary) {
+                                    c->SendBinary(frame);
+                                  } else {
+                                    c->SendText(frame);
+                                  }
+                                },
+                                [weak](uint16_t code, const std::string& reason) {
+                                  if (auto c = weak.lock()) c->Close(code, reason);
+                                }});
+  }
+  void OnText(std::string text) override { session_->Receive(client_, std::move(text), false); }
+  void OnBinary(std::string data) override { session_->Receive(client_, std::move(data), true); }
+  void OnClose() override { session_->Detach(client_); }
+
+ private:
+  std::shared_ptr<KernelSession> session_;
+  KernelSession::ClientId client_ = 0;
+};
+
+}  // namespace
+
+HttpApi::HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels,
+                 EdgeCounters* counters, ExceptionCount exceptions)
+    : options_(std::move(options)),
+      registry_(registry),
+      kernels_(kernels),
+      counters_(counters),
+      exceptions_(std::move(exceptions)) {}
+
+http::Response HttpApi::Refuse(int status, const std::string& message) {
+  if (status >= 400 && status < 500) ++counters_->rejected_rest_requests;
+  return http::ErrorResponse(status, message);
+}
+
+http::Response HttpApi::Refuse(const Status& s) {
+  int code = http::HttpStatusFor(s);
+  if (s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kUnavailable) {
+    code = 503;
+  }
+  return Refuse(code, s.message());
+}
+
+Status HttpApi::Authenticate(const http::Request& req) const {
+  if (options_.token.empty()) return Status::Ok();
+  const std::string& header = req.Header("authorization");
+  for (const char* scheme : {"token ", "Token ", "Bearer ", "bearer "}) {
+    const size_t n = std::strlen(scheme);
+    if (header.size() > n && header.compare(0, n, scheme) == 0 &&
+        header.substr(n) == options_.token)
+      return Status::Ok();
+  }
+  auto q = req.query.find("token");
+  if (q != req.query.end() && q->second == options_.token) return Status::Ok();
+  return Unauthenticated(header.empty() && q == req.query.end()
+                             ? "this gateway requires a token (Authorization: token T)"
+                             : "invalid token");
+}
+
+Json HttpApi::KernelspecModel() const {
+  Json spec{{"argv", Json::array()}, {"display_name", options_.display_name},
+            {"language", "python"},  {"interrupt_mode", "message"},
+            {"env", Json::object()}, {"metadata", {{"nbos", {{"replicas", options_.replicas}}}}}};
+  return Json{{"name", options_.kernelspec_name}, {"spec", spec}, {"resources", Json::object()}};
+}
+
+void HttpApi::Install(http::Server* http) {
+  http->SetAuthenticator([this](const http::Request& r) { return Authenticate(r); });
+  http->Route("GET", "/api",
+              [](const http::Request&) {
+                return JsonResponse(200, Json{{"version", kVersion}, {"server", "nbos"}});
+              },
+              {.public_route = true});
+  http->Route("GET", "/api/kernelspecs", [this](const http::Request&) {
+    return JsonResponse(200,
+                        Json{{"default", options_.kernelspec_name},
+                             {"kernelspecs", {{options_.kernelspec_name, KernelspecModel()}}}});
+  });
+  http->Route("GET", "/api/kernelspecs/{name}", [this](const http::Request& r) {
+    if (r.params.at("name") != options_.kernelspec_name)
+      return Refuse(404, "no kernelspec named " + r.params.at("name"));
+    return JsonResponse(200, KernelspecModel());
+  });
+  http->Route("GET", "/kernelspecs/{name}/{file}", [this](const http::Request& r) {
+    return Refuse(404, "no resource " + r.params.at("file"));
+  });
+  http->Route("GET", "/api/kernels", [this](const http::Request&) {
+    Json list = Json::array();
+    for (const KernelRecord& k : registry_->Kernels())
+      if (k.session) list.push_back(KernelModel(k));
+    return JsonResponse(200, list);
+  });
+  http->Route("POST", "/api/kernels", [this](const http::Request& r) { return PostKernel(r); });
+  http->Route("GET", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
+    auto k = registry_->FindKernel(r.params.at("kernel_id"));
+    if (!k || !k->session) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
+    return JsonResponse(200, KernelModel(*k));
+  });
+  http->Route("DELETE", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
+    Status s = kernels_->Delete(r.params.at("kernel_id"));
+    return s.ok() ? NoContent() : Refuse(s);
+  });
+  http->Route("POST", "/api/kernels/{kernel_id}/interrupt", [this](const http::Request& r) {
+    auto k = registry_->FindKernel(r.params.at("kernel_id"));
+    if (!k || !k->session) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
+    k->session->Interrupt();
+    return NoContent();
+  });
+  http->Route("POST", "/api/kernels/{kernel_id}/restart", [this](const http::Request& r) {
+    auto k = kernels_->Restart(r.params.at("kernel_id"));
+    if (!k.ok()) return Refuse(k.status());
+    return JsonResponse(200, KernelModel(*k));
+  });
+  http->WebSocket("/api/kernels/{kernel_id}/channels",
+                  [this](const http::Request& r, std::shared_ptr<http::WsConnection> conn) {
+                    return OpenChannels(r, std::move(conn));
+                  },
+                  // Only the legacy framing (what jupyter_server's gateway client speaks); a
+                  // client offering v1.kernel.websocket.jupyter.org falls back to it.
+                  {.subprotocols = {}});
+  http->Route("GET", "/api/nbos/cluster",
+              [this](const http::Request&) { return JsonResponse(200, ClusterJson()); });
+  http->Route("GET", "/metrics", [this](const http::Request&) {
+    http::Response resp;
+    resp.content_type = "text/plain; version=0.0.4";
+    resp.body = Metrics();
+    return resp;
+  });
+}
+
+// POST /api/kernels {"name": "<kernelspec>", "env": {"KERNEL_GPUS": "1", ...}}; both optional.
+http::Response HttpApi::PostKernel(const http::Request& r) {
+  if (!jupyter::JsonDepthWithin(r.body, options_.limits.max_json_depth)) {
+    return Refuse(400, "the request body is nested too deeply");
+  }
+  Json body = r.body.empty() ? Json::object() : Json::parse(r.body, nullptr, false);
+  if (!body.is_object()) return Refuse(400, "the request body must be a JSON object");
+  std::string name = options_.kernelspec_name;
+  if (auto it = body.find("name"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return Refuse(400, "name must be a string (a kernelspec name)");
+    name = it->get<std::string>();
+  }
+  if (name != options_.kernelspec_name) return Refuse(404, "no kernelspec named " + name);
+  std::map<std::string, std::string> env;
+  if (auto it = body.find("env"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Refuse(400, "env must be an object of strings");
+    const std::set<std::string> allowed(options_.allowed_env.begin(), options_.allowed_env.end());
+    for (auto& [key, value] : it->items()) {
+      // Only KERNEL_* and configured names reach replicas: jupyter_server sends its whole
+      // environment through /api/sessions.
+      if (key.rfind("KERNEL_", 0) != 0 && !allowed.count(key)) continue;
+      if (!value.is_string()) return Refuse(400, "env." + key + " must be a string");
+      env[key] = value.get<std::string>();
+    }
+  }
+  auto k = kernels_->Create(name, env);
+  if (!k.ok()) {
+    const Status& s = k.status();
+    const bool bad = s.code() == StatusCode::kInvalidArgument;
+    http::Response resp = Refuse(bad ? 400 : 503, s.message());
+    resp.body =
+        Json{{"message", s.message()}, {"reason", bad ? "bad request" : "unavailable"}}.dump(
+            -1, ' ', false, Json::error_handler_t::replace);
+    return resp;
+  }
+  return JsonResponse(201, KernelModel(*k));
+}
+
+Result<std::shared_ptr<http::WsHandler>> HttpApi::OpenChannels(
+    const http::Request& r, std::shared_ptr<http::WsConnection> conn) {
+  auto k = registry_->FindKernel(r.params.at("kernel_id"));
+  if (!k || !k->session) return NotFound("no kernel " + r.params.at("kernel_id"));
+  return std::shared_ptr<http::WsHandler>(std::make_shared<Channels>(k->session, conn));
+}
+
+Json HttpApi::ClusterJson() const {
+  const RegistrySnapshot snap = registry_->Snapshot();
+  Json out{{"servers", Json::array()}, {"kernels", Json::array()}};
+  std::map<std::pair<std::string, uint32_t>, const control::ReplicaStatus*> replica_status;
+  for (const auto& [view, server] : snap.servers) {
+    if (!server) continue;
+    for (const auto& r : server->status.replicas())
+      replica_status[{r.kernel_id(), r.replica_id()}] = &r;
+  }
+  for (const auto& [view, s] : snap.servers) {
+    Json warm = Json::object();
+    if (s) {
+      const control::WarmPool& w = s->status.warm_pool();
+      warm =
+          Json{{"ready", w.ready()},       {"starting", w.starting()}, {"target", w.target()},
+               {"promoted", w.promoted()}, {"cold", w.cold()},         {"disabled", w.disabled()}};
+    }
+    out["servers"].push_back(
+        Json{{"server_id", view.server_id},
+             {"address", s ? s->client->address() : ""},
+             {"alive", s && s->alive},
+             {"gpus_virtual", s && s->gpus_virtual},
+             {"spec", ResourcesJson(view.spec)},
+             {"subscribed", ResourcesJson(view.subscribed)},
+             {"committed", ResourcesJson(view.committed)},
+             {"gpus_idle", view.IdleGpus()},
+             {"gpus_committed", view.committed.gpus},
+             // The daemon's own ledger, as of its last heartbeat (authoritative for grants).
+             {"daemon_gpus_committed", s ? s->status.ledger().committed().gpus() : 0},
+             {"subscription_ratio", sched::HostSubscriptionRatio(view)},
+             {"warm_pool", warm}});
+  }
+  out["cluster_subscription_ratio"] = snap.cluster_ratio;
+  out["migrations"] = Json{{"done", snap.counters.migrations_done},
+                           {"failed", snap.counters.migrations_failed},
+                           {"durations_ms", snap.counters.migration_ms}};
+  for (const KernelRecord& k : snap.kernels) {
+    const ReplicaId executor = k.session ? k.session->current_executor() : 0;
+    Json replicas = Json::array();
+    for (const auto& r : k.meta.replicas) {
+      auto st = replica_status.find({k.meta.kernel_id, r.replica_id});
+      const bool known = st != replica_status.end();
+      replicas.push_back(Json{{"replica_id", r.replica_id},
+                              {"server_id", r.server_id},
+                              {"pid", known ? st->second->pid() : 0},
+                              {"state", known ? st->second->state() : "unknown"},
+                              {"restarts", known ? st->second->restarts() : 0},
+                              {"role", r.replica_id == executor ? "executor" : "standby"}});
+    }
+    out["kernels"].push_back(
+        Json{{"id", k.meta.kernel_id},
+             {"name", k.meta.kernelspec},
+             {"resources", ResourcesJson(k.request)},
+             {"executor", executor},
+             {"execution_state", k.session ? k.session->execution_state() : "starting"},
+             {"replicas", replicas}});
+  }
+  return out;
+}
+
+std::string HttpApi::Metrics() const {
+  prometheus::Registry registry;
+  auto gauge = [&](const char* name, const char* help) -> auto& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+  };
+  auto counter = [&](const char* name, const char* help) -> auto& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+  };
+  auto& gpus =
+      gauge("nbos_server_gpus", "GPUs per server by state (spec, committed, idle, subscribed)");
+  auto& kernels_gauge = gauge("nbos_kernels", "Kernels by execution state");
+  auto& ratio_gauge =
+      gauge("nbos_subscription_ratio", "Subscription ratio, per server and for the cluster");
+  auto& warm_gauge =
+      gauge("nbos_warm_replicas", "Pre-started replica processes per server, ready and target");
+  auto& launches = counter("nbos_replica_launches_total",
+                           "Replica launches per server, from a warm process or cold");
+  auto& grants = counter("nbos_gpu_grants_total", "GPU grant requests by outcome");
+  auto& executions = counter("nbos_executions_total",
+                             "Executions sent to replicas, and those that waited for GPUs");
+  auto& migrations = counter("nbos_migrations_total", "Replica migrations by outcome");
+  auto& rejected = counter("nbos_client_messages_rejected_total",
+                           "Kernel WebSocket messages refused at the gateway, by reason");
+  auto& rejected_rest = counter("nbos_rest_requests_rejected_total",
+                                "REST requests answered with a 4xx by the gateway's checks");
+  auto& exceptions =
+      counter("nbos_gateway_exceptions_total", "Exceptions caught at the edge of a gateway thread");
+
+  const RegistrySnapshot snap = registry_->Snapshot();
+  for (const auto& [view, s] : snap.servers) {
+    const std::string& id = view.server_id;
+    gpus.Add({{"server", id}, {"state", "spec"}}).Set(view.spec.gpus);
+    gpus.Add({{"server", id}, {"state", "committed"}}).Set(view.committed.gpus);
+    gpus.Add({{"server", id}, {"state", "idle"}}).Set(view.IdleGpus());
+    gpus.Add({{"server", id}, {"state", "subscribed"}}).Set(view.subscribed.gpus);
+    ratio_gauge.Add({{"server", id}}).Set(sched::HostSubscriptionRatio(view));
+    if (!s) continue;
+    const control::WarmPool& w = s->status.warm_pool();
+    warm_gauge.Add({{"server", id}, {"state", "ready"}}).Set(w.ready());
+    warm_gauge.Add({{"server", id}, {"state", "target"}}).Set(w.target());
+    launches.Add({{"server", id}, {"from", "warm"}}).Increment(static_cast<double>(w.promoted()));
+    launches.Add({{"server", id}, {"from", "cold"}}).Increment(static_cast<double>(w.cold()));
+  }
+  ratio_gauge.Add({{"server", ""}}).Set(snap.cluster_ratio);
+  const RegistryCounters& c = snap.counters;
+  grants.Add({{"outcome", "granted"}}).Increment(static_cast<double>(c.grants_made));
+  grants.Add({{"outcome", "refused"}}).Increment(static_cast<double>(c.grants_refused));
+  migrations.Add({{"outcome", "done"}}).Increment(static_cast<double>(c.migrations_done));
+  migrations.Add({{"outcome", "failed"}}).Increment(static_cast<double>(c.migrations_failed));
+  std::map<std::string, int> states{{"idle", 0}, {"busy", 0}, {"starting", 0}};
+  uint64_t executed = 0, waited = 0, caught = exceptions_ ? exceptions_() : 0;
+  for (const KernelRecord& k : snap.kernels) {
+    if (!k.session) {
+      ++states["starting"];
+      continue;
+    }
+    const KernelSession::Stats s = k.session->stats();
+    ++states[k.session->execution_state()];
+    executed += s.executions;
+    waited += s.waited_for_gpus;
+    caught += s.exceptions_caught;
+  }
+  for (const auto& [state, n] : states) kernels_gauge.Add({{"state", state}}).Set(n);
+  executions.Add({{"kind", "sent"}}).Increment(static_cast<double>(executed));
+  executions.Add({{"kind", "waited_for_gpus"}}).Increment(static_cast<double>(waited));
+  for (RejectClass reason : kAllRejectClasses) {
+    rejected.Add({{"reason", RejectClassName(reason)}})
+        .Increment(static_cast<double>(counters_->rejected_messages[static_cast<size_t>(reason)]));
+  }
+  rejected_rest.Add({}).Increment(static_cast<double>(counters_->rejected_rest_requests));
+  exceptions.Add({}).Increment(static_cast<double>(caught));
+  return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+}  // namespace nbos::gateway

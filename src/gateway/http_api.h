@@ -1,0 +1,61 @@
+// HttpApi: the gateway's HTTP face. The Jupyter Kernel Gateway REST API (kernelspecs, kernels:
+// list, start, get, delete, interrupt, restart) and the kernel WebSocket that
+// `jupyter server --gateway-url`, JupyterLab's @jupyterlab/services and `nbos relay` speak;
+// `/api/nbos/cluster` (JSON) and `/metrics` (Prometheus text).
+//
+// Every request body is checked before use: a body that is not a JSON object, is nested deeper
+// than the client limit, or has a field of the wrong type answers 400 with a JSON `message`
+// naming the field; unknown kernels and kernelspecs 404; a start no server can take 503. Each
+// such refusal counts in nbos_rest_requests_rejected_total. WebSocket frames go to the kernel's
+// session unread: it validates them (client_validation.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gateway/edge_counters.h"
+#include "gateway/kernel_manager.h"
+#include "gateway/registry.h"
+#include "http/server.h"
+
+namespace nbos::gateway {
+
+struct HttpApiOptions {
+  std::string token;  // empty: no authentication
+  std::string kernelspec_name = "nbos";
+  std::string display_name;
+  int replicas = 3;
+  std::vector<std::string> allowed_env;  // besides KERNEL_*, names a start may pass to replicas
+  ClientLimits limits;
+};
+
+class HttpApi {
+ public:
+  // Exceptions caught on other threads, summed into /metrics.
+  using ExceptionCount = std::function<uint64_t()>;
+  HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels,
+          EdgeCounters* counters, ExceptionCount exceptions);
+
+  // Adds every route and the authenticator to `server` (before it starts).
+  void Install(http::Server* server);
+
+ private:
+  Status Authenticate(const http::Request& req) const;
+  http::Response PostKernel(const http::Request& r);
+  http::Response Refuse(int status, const std::string& message);
+  http::Response Refuse(const Status& s);
+  jupyter::Json KernelspecModel() const;
+  jupyter::Json ClusterJson() const;
+  std::string Metrics() const;
+  Result<std::shared_ptr<http::WsHandler>> OpenChannels(const http::Request& r,
+                                                        std::shared_ptr<http::WsConnection> conn);
+
+  const HttpApiOptions options_;
+  Registry* registry_;
+  KernelManager* kernels_;
+  EdgeCounters* counters_;
+  ExceptionCount exceptions_;
+};
+
+}  // namespace nbos::gateway

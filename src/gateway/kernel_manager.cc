@@ -1,0 +1,264 @@
+#include "gateway/kernel_manager.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "common/ids.h"
+#include "gateway/gateway.h"
+#include "gateway/replica_ops.h"
+#include "jupyter/connection_file.h"
+
+namespace nbos::gateway {
+namespace {
+
+using jupyter::Json;
+
+Json ResourcesJson(const sched::Resources& r) {
+  return Json{{"millicpus", r.millicpus},
+              {"memory_mb", r.memory_mb},
+              {"gpus", r.gpus},
+              {"vram_mb", r.vram_mb}};
+}
+
+// A stored kernel's resources; a field that is missing or not a number keeps the default.
+sched::Resources ResourcesFromJson(const Json& j, const sched::Resources& defaults) {
+  auto field = [&](const char* key, int64_t fallback) {
+    if (!j.is_object()) return fallback;
+    auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+  };
+  return {field("millicpus", defaults.millicpus), field("memory_mb", defaults.memory_mb),
+          static_cast<int32_t>(field("gpus", defaults.gpus)), field("vram_mb", defaults.vram_mb)};
+}
+
+}  // namespace
+
+KernelManager::KernelManager(KernelManagerOptions options, Registry* registry, MetadataStore* store,
+                             Planner* planner, EdgeCounters* counters)
+    : options_(std::move(options)),
+      registry_(registry),
+      store_(store),
+      planner_(planner),
+      counters_(counters) {}
+
+KernelManager::~KernelManager() { chores_.Stop(); }
+
+Result<std::shared_ptr<KernelSession>> KernelManager::StartSession(const KernelRecord& k) {
+  KernelSessionOptions o;
+  o.kernel_id = k.meta.kernel_id;
+  o.session_id = k.meta.session_id;
+  o.gpus = k.request.gpus;
+  o.limits = options_.limits;
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto conn = jupyter::ParseConnectionInfo(r.connection_json);
+    if (!conn.ok()) return conn.status();
+    o.replicas.push_back({r.replica_id, r.server_id, *conn});
+  }
+  const std::string kernel_id = k.meta.kernel_id;
+  o.hooks.plan = [this, kernel_id](const PlanWanted& want, PlanCallback done) {
+    planner_->Plan(kernel_id, want, std::move(done));
+  };
+  o.hooks.release = [this, kernel_id](const ExecutionPlan& plan) {
+    planner_->Release(kernel_id, plan);
+  };
+  o.hooks.shutdown_requested = [this, kernel_id](bool restart) {
+    chores_.Post(kernel_id,
+                 [this, kernel_id, restart] { OnShutdownRequested(kernel_id, restart); });
+  };
+  o.hooks.rejected = [this](RejectClass reason) { counters_->Rejected(reason); };
+  auto session = KernelSession::Start(std::move(o));
+  if (!session.ok()) return session.status();
+  return std::shared_ptr<KernelSession>(std::move(*session));
+}
+
+void KernelManager::OnShutdownRequested(const std::string& kernel_id, bool restart) {
+  Status s = restart ? Restart(kernel_id).status() : Delete(kernel_id);
+  if (!s.ok()) spdlog::warn("kernel {}: {}", kernel_id, s.ToString());
+}
+
+// Prepares one replica per server (in `replicas`' order and ids), records them, then launches
+// each with the whole group as its peers. Replicas get the kernel's start environment.
+Status KernelManager::LaunchReplicas(const std::string& kernel_id,
+                                     const std::vector<std::string>& server_ids) {
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k) return NotFound("no kernel " + kernel_id);
+  std::vector<std::shared_ptr<daemon::DaemonClient>> clients;
+  for (const std::string& id : server_ids) {
+    auto c = registry_->AwaitClient(id, options_.server_timeout);
+    if (!c) return Unavailable("server " + id + " is not registered");
+    clients.push_back(std::move(c));
+  }
+  std::vector<StoredReplica> prepared;
+  std::vector<control::Peer> peers;
+  for (size_t i = 0; i < server_ids.size(); ++i) {
+    const uint32_t replica_id = k->meta.replicas.size() == server_ids.size()
+                                    ? k->meta.replicas[i].replica_id
+                                    : static_cast<uint32_t>(i + 1);
+    auto replica = PrepareReplica(*clients[i], k->meta, k->request, server_ids[i], replica_id);
+    if (!replica.ok()) return replica.status();
+    control::Peer peer;
+    peer.set_replica_id(replica_id);
+    peer.set_raft_address(replica->raft_address);
+    peers.push_back(peer);
+    prepared.push_back(std::move(*replica));
+  }
+  registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) { r.meta.replicas = prepared; });
+  k->meta.replicas = prepared;
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    auto launched =
+        clients[i]->LaunchReplica(LaunchRequest(k->meta, prepared[i].replica_id, peers));
+    if (!launched.ok()) {
+      return Status(launched.status().code(),
+                    fmt::format("launching replica {} on {}: {}", prepared[i].replica_id,
+                                server_ids[i], launched.status().message()));
+    }
+  }
+  return Status::Ok();
+}
+
+void KernelManager::StopReplicas(const StoredKernel& meta) {
+  for (const StoredReplica& r : meta.replicas) {
+    auto client = registry_->AwaitClient(r.server_id, options_.server_timeout);
+    if (!client) {
+      // The daemon's heartbeats report it once the server registers; it is stopped as an orphan.
+      spdlog::warn("kernel {}: replica {} on unregistered server {} is stopped when it returns",
+                   meta.kernel_id, r.replica_id, r.server_id);
+      continue;
+    }
+    StopReplica(*client, meta.kernel_id, r.replica_id, r.server_id);
+  }
+}
+
+// Waits until every replica answers kernel_info, so the first request of a client does not race
+// the replicas' start-up.
+Status KernelManager::AwaitReplicas(const KernelRecord& k) {
+  return k.session->AwaitReplicas(options_.kernel_start_timeout,
+                                  [this, meta = k.meta, since = SteadyClock::now()] {
+                                    return registry_->CheckReplicasNotGivenUp(meta, since);
+                                  });
+}
+
+Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
+                                           const std::map<std::string, std::string>& env) {
+  auto request = ResourcesFromEnv(env, options_.default_request);
+  if (!request.ok()) return request.status();
+  KernelRecord k;
+  k.request = *request;
+  k.meta.kernel_id = NewUuid();
+  k.meta.kernelspec = kernelspec;
+  k.meta.key = NewUuid();
+  k.meta.session_id = NewUuid();
+  k.meta.resources = ResourcesJson(k.request);
+  k.meta.created = NowIsoUtc();
+  k.meta.env = env;
+  const std::string id = k.meta.kernel_id;
+  const std::shared_ptr<Mutex> op_mu = k.op_mu;
+  MutexLock op(op_mu.get());
+  auto server_ids = registry_->PlaceKernel(std::move(k), options_.replicas);
+  if (!server_ids.ok()) return server_ids.status();
+  Status s = LaunchReplicas(id, *server_ids);
+  // Nobody else removes it: deletes and restarts wait for the operation lock held here.
+  std::optional<KernelRecord> started = registry_->FindKernel(id);
+  NBOS_CHECK(started.has_value(), "a starting kernel left the registry");
+  if (s.ok()) s = store_->Put(started->meta);
+  if (s.ok()) {
+    auto session = StartSession(*started);
+    if (session.ok()) {
+      started->session = *session;
+      registry_->UpdateKernel(id, [&](KernelRecord& r) { r.session = *session; });
+      s = AwaitReplicas(*started);
+    } else {
+      s = session.status();
+    }
+  }
+  if (!s.ok()) {
+    spdlog::error("kernel {} did not start: {}", id, s.ToString());
+    if (started->session) started->session->Shutdown();
+    StopReplicas(started->meta);
+    if (Status removed = store_->Remove(id); !removed.ok()) {
+      spdlog::warn("kernel {}: removing it from the database: {}", id, removed.ToString());
+    }
+    (void)registry_->RemoveKernel(id);
+    return s;
+  }
+  registry_->CountKernelStarted();
+  spdlog::info("kernel {} started: replicas on {}", id, fmt::join(*server_ids, ", "));
+  return *started;
+}
+
+Status KernelManager::Delete(const std::string& kernel_id) {
+  std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
+  if (!found) return NotFound("no kernel " + kernel_id);
+  MutexLock op(found->op_mu.get());
+  // Taken under the operation lock: a migration may have changed the replicas meanwhile.
+  std::optional<KernelRecord> k = registry_->RemoveKernel(kernel_id);
+  if (!k) return NotFound("no kernel " + kernel_id);
+  if (k->session) k->session->Shutdown();  // releases outstanding grants, closes client sockets
+  StopReplicas(k->meta);
+  if (Status s = store_->Remove(kernel_id); !s.ok()) {
+    spdlog::warn("kernel {}: removing it from the database: {}", kernel_id, s.ToString());
+  }
+  spdlog::info("kernel {} deleted", kernel_id);
+  return Status::Ok();
+}
+
+Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
+  std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
+  if (!found) return NotFound("no kernel " + kernel_id);
+  MutexLock op(found->op_mu.get());
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k) return NotFound("no kernel " + kernel_id);
+  std::vector<std::string> server_ids;
+  for (const StoredReplica& r : k->meta.replicas) server_ids.push_back(r.server_id);
+  if (k->session) k->session->Shutdown();
+  StopReplicas(k->meta);
+  // The same replica ids on the same servers (the scheduler's view keeps them), a new key and
+  // session: clients see a new kernel process, as after any restart.
+  registry_->UpdateKernel(kernel_id, [](KernelRecord& r) {
+    r.session.reset();
+    r.meta.key = NewUuid();
+    r.meta.session_id = NewUuid();
+    r.replica_live.clear();
+  });
+  Status s = LaunchReplicas(kernel_id, server_ids);
+  std::optional<KernelRecord> restarted = registry_->FindKernel(kernel_id);
+  if (!restarted) return NotFound("kernel " + kernel_id + " was deleted while it restarted");
+  if (s.ok()) s = store_->Put(restarted->meta);
+  if (!s.ok()) return s;
+  auto session = StartSession(*restarted);
+  if (!session.ok()) return session.status();
+  restarted->session = *session;
+  registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) { r.session = *session; });
+  if (Status awaited = AwaitReplicas(*restarted); !awaited.ok()) return awaited;
+  spdlog::info("kernel {} restarted", kernel_id);
+  return *restarted;
+}
+
+Status KernelManager::Restore() {
+  auto stored = store_->List();
+  if (!stored.ok()) return stored.status();
+  for (StoredKernel& meta : *stored) {
+    KernelRecord k;
+    k.request = ResourcesFromJson(meta.resources, options_.default_request);
+    k.meta = std::move(meta);
+    auto session = StartSession(k);
+    if (!session.ok()) {
+      spdlog::error("kernel {} could not be restored: {}", k.meta.kernel_id,
+                    session.status().ToString());
+      continue;
+    }
+    k.session = *session;
+    registry_->RestoreKernel(std::move(k));
+  }
+  if (!stored->empty()) spdlog::info("restored {} kernel(s) from the database", stored->size());
+  return Status::Ok();
+}
+
+void KernelManager::Stop() {
+  chores_.Stop();
+  for (const KernelRecord& k : registry_->Kernels())
+    if (k.session) k.session->Shutdown();
+}
+
+}  // namespace nbos::gateway

@@ -1,0 +1,65 @@
+// KernelManager: a kernel's life as the gateway drives it: start (placement, replicas prepared and
+// launched on three servers, metadata stored, the session started, every replica answering),
+// restart, delete, restore after a gateway restart. Operations on one kernel are serialised by
+// its operation lock; a failed start leaves nothing behind (replicas stopped, metadata removed,
+// scheduler state undone).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "common/work_queue.h"
+#include "gateway/edge_counters.h"
+#include "gateway/metadata_store.h"
+#include "gateway/planner.h"
+#include "gateway/registry.h"
+
+namespace nbos::gateway {
+
+struct KernelManagerOptions {
+  int replicas = 3;
+  sched::Resources default_request;
+  ClientLimits limits;
+  std::chrono::milliseconds server_timeout{5000};  // how long to wait for a server to register
+  std::chrono::milliseconds kernel_start_timeout{60000};
+};
+
+class KernelManager {
+ public:
+  KernelManager(KernelManagerOptions options, Registry* registry, MetadataStore* store,
+                Planner* planner, EdgeCounters* counters);
+  ~KernelManager();
+
+  // Starts a kernel of `kernelspec` whose replicas get `env`. Errors: InvalidArgument (a bad
+  // KERNEL_* value, a request no server could ever meet), ResourceExhausted / Unavailable (no
+  // servers now, a replica that did not start).
+  Result<KernelRecord> Create(const std::string& kernelspec,
+                              const std::map<std::string, std::string>& env);
+  // NotFound for an unknown kernel.
+  Status Delete(const std::string& kernel_id);
+  Result<KernelRecord> Restart(const std::string& kernel_id);
+  // Kernels of the database, with their sessions (their replicas kept running).
+  Status Restore();
+  // The gateway stops: sessions end (clients 1001), kernels keep running under their daemons.
+  void Stop();
+
+ private:
+  Result<std::shared_ptr<KernelSession>> StartSession(const KernelRecord& k);
+  Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids);
+  void StopReplicas(const StoredKernel& meta);
+  Status AwaitReplicas(const KernelRecord& k);
+  void OnShutdownRequested(const std::string& kernel_id, bool restart);
+
+  const KernelManagerOptions options_;
+  Registry* registry_;
+  MetadataStore* store_;
+  Planner* planner_;
+  EdgeCounters* counters_;
+  // Restarts and deletes that clients ask for with shutdown_request, off their session threads.
+  KeyedWorkQueue chores_{2, "kernel-chores"};
+};
+
+}  // namespace nbos::gateway

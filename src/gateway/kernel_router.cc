@@ -1,0 +1,656 @@
+#include "gateway/kernel_router.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace nbos::gateway {
+namespace {
+
+using jupyter::Channel;
+using jupyter::Json;
+using jupyter::Message;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+// Readers that never throw, whatever the replicas or clients put in a field.
+bool BoolField(const Json& obj, const char* key, bool fallback) {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() ? it->get<bool>() : fallback;
+}
+std::string StringField(const Json& obj, const char* key) {
+  if (!obj.is_object()) return {};
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+std::optional<uint64_t> CountField(const Json& obj, const char* key) {
+  if (!obj.is_object()) return std::nullopt;
+  auto it = obj.find(key);
+  if (it == obj.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<uint64_t>();
+}
+const Json& NbosMetadata(const Message& m) {
+  static const Json kEmpty = Json::object();
+  auto it = m.metadata.find("nbos");
+  return it != m.metadata.end() && it->is_object() ? *it : kEmpty;
+}
+
+// A WebSocket close reason must be UTF-8 of at most 123 bytes: keep printable ASCII.
+std::string CloseReason(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= 120) break;
+    out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+  }
+  return out;
+}
+
+const char* ErrorName(RejectClass reason) {
+  switch (reason) {
+    case RejectClass::kMsgType:
+      return "UnsupportedRequest";
+    case RejectClass::kResources:
+      return "ResourceError";
+    case RejectClass::kQueueFull:
+      return "QueueFull";
+    default:
+      return "InvalidRequest";
+  }
+}
+
+bool IsReply(const std::string& type) { return type.ends_with("_reply"); }
+
+}  // namespace
+
+std::string ExecutionId(const std::string& kernel_id, uint64_t sequence) {
+  return kernel_id + ":" + std::to_string(sequence);
+}
+
+KernelRouter::KernelRouter(RouterOptions options)
+    : options_(std::move(options)), factory_(options_.session_id, "nbos", [this] {
+        return std::chrono::system_clock::time_point(std::chrono::microseconds(now_us_));
+      }) {
+  for (ReplicaId r : options_.replicas) replicas_[r] = true;
+  if (!options_.replicas.empty()) merger_.SetPrimary(options_.replicas.front());
+}
+
+std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event) {
+  Effects out;
+  if (closed_) {
+    // A plan answered after the close still holds GPUs: give them back.
+    if (auto* done = std::get_if<PlanDone>(&event);
+        done && done->plan.ok() && *done->plan && !(*done->plan)->grant_id.empty()) {
+      out.push_back(GrantReleaseWanted{**done->plan});
+    }
+    return out;
+  }
+  now_us_ = std::max(now_us_, now_us);
+  std::visit(Overloaded{
+                 [&](ClientAttached& e) { clients_.insert(e.client); },
+                 [&](ClientDetached& e) {
+                   clients_.erase(e.client);
+                   std::erase_if(reply_to_, [&](const auto& kv) { return kv.second == e.client; });
+                 },
+                 [&](ClientFrame& e) { OnFrame(e, &out); },
+                 [&](ReplicaMessage& e) { OnReplicaMessage(e, &out); },
+                 [&](ReplicaLost& e) { SetLive(e.replica, false, &out); },
+                 [&](ReplicaBack& e) { SetLive(e.replica, true, &out); },
+                 [&](ReplicaLinked& e) {
+                   if (replicas_.count(e.replica)) return;
+                   replicas_[e.replica] = true;
+                   merger_.OnReplicaBack(e.replica);
+                   Pump(&out);
+                 },
+                 [&](ReplicaUnlinked& e) { Unlink(e.replica, &out); },
+                 [&](PlanDone& e) { OnPlanDone(e, &out); },
+                 [&](TimerFired& e) { OnTimer(e, &out); },
+                 [&](InterruptRequested&) { OnInterrupt(&out); },
+                 [&](ExecutionsHeld& e) {
+                   held_ = e.held;
+                   Pump(&out);
+                 },
+                 [&](ProbeRequested& e) { OnProbe(e, &out); },
+                 [&](ControlCallRequested& e) { OnControlCall(e, &out); },
+                 [&](RouterClosing&) { OnClosing(&out); },
+             },
+             event);
+  // Whatever the event, the queue moves on as far as it can (an answered cell frees the way for
+  // the requests behind it; a replica back lets waiting ones through).
+  if (!closed_) Pump(&out);
+  return out;
+}
+
+// ---- client input -----------------------------------------------------------------------------
+
+void KernelRouter::OnFrame(ClientFrame& frame, Effects* out) {
+  if (!clients_.count(frame.client)) return;  // detached meanwhile
+  auto decoded = DecodeClientFrame(frame.payload, frame.binary, options_.limits);
+  if (auto* bad = std::get_if<FrameRejection>(&decoded)) {
+    ++stats_.rejected;
+    out->push_back(InputRejected{bad->rejection.reason, bad->rejection.message});
+    out->push_back(CloseClient{frame.client, bad->close_code, CloseReason(bad->rejection.message)});
+    clients_.erase(frame.client);
+    return;
+  }
+  ClientInput& input = std::get<ClientInput>(decoded);
+  std::optional<Rejection> rejection = std::move(input.rejection);
+  if (!rejection) rejection = ValidateClientMessage(input.message, options_.limits);
+  if (rejection) {
+    Reject(frame.client, *rejection, &input.message.message, input.message.channel, out);
+    return;
+  }
+  const Message& m = input.message.message;
+  if (ExpectsReply(m.msg_type()) && reply_to_.count(m.msg_id())) {
+    // The id is taken by a request still in progress: an error with busy/idle and outputs under
+    // that parent would land in the other request's cell, so only the reply goes back.
+    ++stats_.rejected;
+    const std::string why =
+        "header.msg_id " + m.msg_id().substr(0, 64) + " is already used by a pending request";
+    out->push_back(InputRejected{RejectClass::kField, why});
+    const Channel channel =
+        input.message.channel == Channel::kControl ? Channel::kControl : Channel::kShell;
+    Deliver(frame.client, channel,
+            factory_.Make(jupyter::ReplyTypeFor(m.msg_type()),
+                          Json{{"status", "error"},
+                               {"ename", "InvalidRequest"},
+                               {"evalue", why},
+                               {"traceback", Json::array({"InvalidRequest: " + why})}},
+                          m.header),
+            out);
+    return;
+  }
+  OnClientMessage(frame.client, std::move(input.message), out);
+}
+
+void KernelRouter::Reject(ClientId client, const Rejection& rejection, const Message* request,
+                          Channel channel, Effects* out) {
+  ++stats_.rejected;
+  out->push_back(InputRejected{rejection.reason, rejection.message});
+  if (request == nullptr || !ExpectsReply(request->msg_type())) return;  // nothing to answer
+  const Channel reply_channel = channel == Channel::kControl ? Channel::kControl : Channel::kShell;
+  AnswerWithError(client, reply_channel, *request, ErrorName(rejection.reason), rejection.message,
+                  out);
+}
+
+void KernelRouter::AnswerWithError(ClientId client, Channel channel, const Message& request,
+                                   const std::string& ename, const std::string& evalue,
+                                   Effects* out) {
+  const bool execute = request.msg_type() == "execute_request";
+  const std::string reply_type = jupyter::ReplyTypeFor(request.msg_type());
+  Broadcast(Channel::kIopub,
+            factory_.Make("status", Json{{"execution_state", "busy"}}, request.header), out);
+  const Json traceback = Json::array({ename + ": " + evalue});
+  if (execute) {
+    // Front ends show a cell's errors from iopub, not from the reply.
+    Broadcast(
+        Channel::kIopub,
+        factory_.Make("error", Json{{"ename", ename}, {"evalue", evalue}, {"traceback", traceback}},
+                      request.header),
+        out);
+  }
+  Json content{{"status", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", traceback}};
+  if (execute) content["execution_count"] = nullptr;
+  Deliver(client, channel, factory_.Make(reply_type, std::move(content), request.header), out);
+  Broadcast(Channel::kIopub,
+            factory_.Make("status", Json{{"execution_state", "idle"}}, request.header), out);
+}
+
+void KernelRouter::OnClientMessage(ClientId client, jupyter::WsMessage ws, Effects* out) {
+  Message& m = ws.message;
+  const std::string type = m.msg_type();
+  last_activity_us_ = now_us_;
+  if (type == "shutdown_request") {
+    const bool restart = BoolField(m.content, "restart", false);
+    Deliver(client, ws.channel,
+            factory_.Make("shutdown_reply", Json{{"status", "ok"}, {"restart", restart}}, m.header),
+            out);
+    out->push_back(ShutdownWanted{restart});
+    return;
+  }
+  switch (ws.channel) {
+    case Channel::kShell:
+      if (shell_queue_.size() >= options_.max_queued_requests) {
+        Reject(
+            client,
+            {RejectClass::kQueueFull,
+             fmt::format("{} requests are already waiting for this kernel", shell_queue_.size())},
+            &m, Channel::kShell, out);
+        return;
+      }
+      if (ExpectsReply(type)) reply_to_[m.msg_id()] = client;
+      shell_queue_.push_back({client, Channel::kShell, std::move(m), now_us_});
+      Pump(out);
+      return;
+    case Channel::kControl: {
+      if (type == "interrupt_request" && !in_flight_ && (planning_.plan_id || planning_.timer_id)) {
+        CancelWaitingExecution(out);
+        Deliver(client, Channel::kControl,
+                factory_.Make("interrupt_reply", Json{{"status", "ok"}}, m.header), out);
+        return;
+      }
+      const ReplicaId to = ControlTarget();
+      if (to == 0) {
+        AnswerWithError(client, Channel::kControl, m, "KernelUnavailable",
+                        "no replica of this kernel is reachable now", out);
+        return;
+      }
+      reply_to_[m.msg_id()] = client;
+      merger_.Expect(m.msg_id(), {to});
+      SendTo({to}, Channel::kControl, m, out);
+      return;
+    }
+    case Channel::kStdin: {
+      // input_reply answers the replica that asked. jupyter_client's input() replies with an
+      // empty parent header; with one prompt outstanding there is no doubt whom it answers.
+      auto it = input_asker_.find(m.parent_msg_id());
+      if (it == input_asker_.end() && input_asker_.size() == 1) it = input_asker_.begin();
+      if (it == input_asker_.end()) return;
+      const ReplicaId asker = it->second;
+      input_asker_.erase(it);
+      if (IsLive(asker)) SendTo({asker}, Channel::kStdin, m, out);
+      return;
+    }
+    case Channel::kIopub:
+      return;  // refused by validation: clients do not publish
+  }
+}
+
+// ---- executions -------------------------------------------------------------------------------
+
+void KernelRouter::Pump(Effects* out) {
+  while (!shell_queue_.empty()) {
+    Queued& head = shell_queue_.front();
+    const std::set<ReplicaId> live = live_replicas();
+    if (live.empty()) return;
+    const std::string type = head.request.msg_type();
+    if (type != "execute_request") {
+      const ReplicaId to = live.count(merger_.primary()) ? merger_.primary() : *live.begin();
+      if (ExpectsReply(type)) merger_.Expect(head.request.msg_id(), {to});
+      SendTo({to}, Channel::kShell, head.request, out);
+      shell_queue_.pop_front();
+      continue;
+    }
+    if (in_flight_ || held_ || planning_.plan_id || planning_.timer_id) return;
+    const Json& nbos = NbosMetadata(head.request);
+    PlanWanted want;
+    want.plan_id = planning_.plan_id = ++next_plan_id_;
+    want.exec_id = ExecutionId(options_.kernel_id, sequence_ + 1);
+    want.gpus = CellGpus(head.request);
+    want.requested_target = static_cast<ReplicaId>(CountField(nbos, "target_replica").value_or(0));
+    want.live = live;
+    out->push_back(std::move(want));
+    return;
+  }
+}
+
+int KernelRouter::CellGpus(const Message& request) const {
+  auto gpus = CountField(NbosMetadata(request), "gpus");
+  return gpus ? static_cast<int>(std::min<uint64_t>(*gpus, options_.limits.max_cell_gpus))
+              : options_.gpus;
+}
+
+void KernelRouter::OnPlanDone(PlanDone& done, Effects* out) {
+  const bool has_grant = done.plan.ok() && *done.plan && !(*done.plan)->grant_id.empty();
+  if (done.plan_id == 0 || done.plan_id != planning_.plan_id) {
+    if (has_grant) out->push_back(GrantReleaseWanted{**done.plan});  // nobody waits for it
+    return;
+  }
+  planning_.plan_id = 0;
+  if (!done.plan.ok()) {
+    Queued head = std::move(shell_queue_.front());
+    shell_queue_.pop_front();
+    planning_.logged_wait = false;
+    reply_to_.erase(head.request.msg_id());
+    AnswerWithError(head.client, Channel::kShell, head.request, "ResourceError",
+                    done.plan.status().message(), out);
+    if (BoolField(head.request.content, "stop_on_error", true)) AbortQueuedExecutions(out);
+    Pump(out);
+    return;
+  }
+  std::optional<ExecutionPlan>& plan = *done.plan;
+  if (!plan) {
+    if (!planning_.logged_wait) {
+      planning_.logged_wait = true;
+      ++stats_.waited_for_gpus;
+    }
+    planning_.timer_id = ++next_timer_id_;
+    out->push_back(TimerWanted{planning_.timer_id, options_.replan_interval_ms});
+    return;
+  }
+  if (held_ || !IsLive(plan->target_replica)) {
+    // Planned for a replica that is gone, or while a migration holds executions: plan again.
+    if (has_grant) out->push_back(GrantReleaseWanted{*plan});
+    Pump(out);
+    return;
+  }
+  StartExecution(*plan, out);
+}
+
+void KernelRouter::OnTimer(const TimerFired& timer, Effects* out) {
+  if (timer.timer_id == 0 || timer.timer_id != planning_.timer_id) return;
+  planning_.timer_id = 0;
+  Pump(out);
+}
+
+void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
+  Queued head = std::move(shell_queue_.front());
+  shell_queue_.pop_front();
+  planning_.logged_wait = false;
+  ++sequence_;
+  Json nbos = NbosMetadata(head.request);
+  nbos["exec_id"] = ExecutionId(options_.kernel_id, sequence_);
+  nbos["target_replica"] = plan.target_replica;
+  nbos["gpu_ids"] = plan.device_ids;
+  head.request.metadata["nbos"] = nbos;
+  InFlight f;
+  f.msg_id = head.request.msg_id();
+  f.exec_id = nbos["exec_id"].get<std::string>();
+  f.header = head.request.header;
+  f.plan = plan;
+  f.received_us = head.received_us;
+  f.planned_us = f.sent_us = now_us_;
+  f.stop_on_error = BoolField(head.request.content, "stop_on_error", true);
+  const std::set<ReplicaId> live = live_replicas();
+  std::vector<ReplicaId> to(live.begin(), live.end());
+  merger_.Expect(f.msg_id, to);
+  SendTo(to, Channel::kShell, head.request, out);
+  in_flight_ = std::move(f);
+  ++stats_.executions;
+}
+
+void KernelRouter::FinishExecution(Message* reply, Effects* out) {
+  InFlight done = std::move(*in_flight_);
+  in_flight_.reset();
+  if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
+  auto nbos_it = reply->metadata.find("nbos");
+  if (nbos_it == reply->metadata.end() || !nbos_it->is_object()) {
+    reply->metadata["nbos"] = Json::object();
+    nbos_it = reply->metadata.find("nbos");
+  }
+  Json& nbos = *nbos_it;
+  if (auto executor = CountField(nbos, "executor"); executor && replicas_.count(*executor)) {
+    executor_ = static_cast<ReplicaId>(*executor);
+  }
+  nbos["server"] = done.plan.server_id;
+  nbos["gpu_ids"] = done.plan.device_ids;
+  nbos["target_replica"] = done.plan.target_replica;
+  // Per-hop times (µs since the epoch): request in, GPUs granted, sent to the replicas, grant
+  // being released, reply out.
+  nbos["gateway_us"] = Json{{"received", done.received_us},
+                            {"planned", done.planned_us},
+                            {"sent", done.sent_us},
+                            {"releasing", now_us_},
+                            {"replied", now_us_}};
+  abort_after_reply_ = StringField(reply->content, "status") == "error" && done.stop_on_error;
+}
+
+// Like a kernel with stop_on_error: executions queued behind a failed cell are answered
+// "aborted" instead of running against the state the failure left behind.
+void KernelRouter::AbortQueuedExecutions(Effects* out) {
+  std::deque<Queued> kept;
+  for (Queued& q : shell_queue_) {
+    if (q.request.msg_type() != "execute_request") {
+      kept.push_back(std::move(q));
+      continue;
+    }
+    reply_to_.erase(q.request.msg_id());
+    Broadcast(Channel::kIopub,
+              factory_.Make("status", Json{{"execution_state", "busy"}}, q.request.header), out);
+    Message reply = factory_.Make("execute_reply", Json{{"status", "aborted"}}, q.request.header);
+    reply.metadata = Json{{"status", "aborted"}};
+    Deliver(q.client, Channel::kShell, std::move(reply), out);
+    Broadcast(Channel::kIopub,
+              factory_.Make("status", Json{{"execution_state", "idle"}}, q.request.header), out);
+  }
+  shell_queue_ = std::move(kept);
+}
+
+void KernelRouter::CancelWaitingExecution(Effects* out) {
+  if (shell_queue_.empty() || shell_queue_.front().request.msg_type() != "execute_request") return;
+  planning_ = Planning{};  // a plan that still arrives is released as stale
+  Queued head = std::move(shell_queue_.front());
+  shell_queue_.pop_front();
+  reply_to_.erase(head.request.msg_id());
+  AnswerWithError(head.client, Channel::kShell, head.request, "KeyboardInterrupt",
+                  "interrupted while waiting for an executor", out);
+  if (BoolField(head.request.content, "stop_on_error", true)) AbortQueuedExecutions(out);
+  Pump(out);
+}
+
+void KernelRouter::OnInterrupt(Effects* out) {
+  if (!in_flight_ && (planning_.plan_id || planning_.timer_id)) {
+    CancelWaitingExecution(out);
+    return;
+  }
+  const ReplicaId to = ControlTarget();
+  if (to == 0) return;
+  Message m = factory_.Make("interrupt_request", Json::object(), Json::object());
+  merger_.Expect(m.msg_id(), {to});  // the reply has no client; the merger settles it
+  SendTo({to}, Channel::kControl, m, out);
+}
+
+// ---- replicas ---------------------------------------------------------------------------------
+
+void KernelRouter::OnReplicaMessage(ReplicaMessage& m, Effects* out) {
+  const ReplicaId r = m.replica;
+  if (!replicas_.count(r)) return;  // a late message of an unlinked replica
+  last_activity_us_ = now_us_;
+  switch (m.channel) {
+    case Channel::kShell:
+    case Channel::kControl:
+      for (Message& o : merger_.OnReply(r, std::move(m.message)))
+        Route(m.channel, std::move(o), out);
+      return;
+    case Channel::kStdin: {
+      auto it = reply_to_.find(m.message.parent_msg_id());
+      if (it == reply_to_.end() || m.message.msg_id().empty()) return;
+      input_asker_[m.message.msg_id()] = r;
+      Deliver(it->second, Channel::kStdin, std::move(m.message), out);
+      return;
+    }
+    case Channel::kIopub:
+      for (Message& o : merger_.OnIopub(r, std::move(m.message))) {
+        Broadcast(Channel::kIopub, std::move(o), out);
+      }
+      return;
+  }
+}
+
+// A message the merger let through: replies to their client, the rest to everyone. A reply the
+// merger held comes out later than it arrived; its channel is that of its kind.
+void KernelRouter::Route(Channel channel, Message m, Effects* out) {
+  const std::string type = m.msg_type();
+  if (!IsReply(type)) {
+    Broadcast(Channel::kIopub, std::move(m), out);
+    return;
+  }
+  if (channel != Channel::kShell && channel != Channel::kControl) {
+    channel =
+        type == "interrupt_reply" || type == "shutdown_reply" ? Channel::kControl : Channel::kShell;
+  }
+  ForwardReply(channel, std::move(m), out);
+}
+
+void KernelRouter::ForwardReply(Channel channel, Message reply, Effects* out) {
+  const std::string parent = reply.parent_msg_id();
+  if (auto call = control_calls_.find(parent); call != control_calls_.end()) {
+    out->push_back(ControlCallAnswered{call->second, std::move(reply.content)});
+    control_calls_.erase(call);
+    control_to_.erase(parent);
+    return;
+  }
+  if (auto probe = probes_.find(parent); probe != probes_.end()) {
+    out->push_back(ProbeAnswered{probe->second});
+    probes_.erase(probe);
+    return;
+  }
+  const bool finishes = in_flight_ && parent == in_flight_->msg_id;
+  if (finishes) FinishExecution(&reply, out);
+  if (auto it = reply_to_.find(parent); it != reply_to_.end()) {
+    const ClientId client = it->second;
+    reply_to_.erase(it);
+    Deliver(client, channel, std::move(reply), out);
+  }
+  // Like ipykernel: the failed cell's reply first, then the aborted ones.
+  if (finishes && abort_after_reply_) AbortQueuedExecutions(out);
+  abort_after_reply_ = false;
+}
+
+void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out) {
+  auto link = replicas_.find(r);
+  if (link == replicas_.end() || link->second == live) return;
+  link->second = live;
+  if (live) {
+    merger_.OnReplicaBack(r);
+    Pump(out);
+    return;
+  }
+  for (auto& [id, asker] : input_asker_)
+    if (asker == r) asker = 0;
+  for (auto it = control_to_.begin(); it != control_to_.end();) {
+    if (it->second != r) {
+      ++it;
+      continue;
+    }
+    out->push_back(ControlCallAnswered{
+        control_calls_[it->first],
+        Unavailable("replica " + std::to_string(r) + " was lost before it answered")});
+    control_calls_.erase(it->first);
+    it = control_to_.erase(it);
+  }
+  for (Message& m : merger_.OnReplicaLost(r)) Route(Channel::kIopub, std::move(m), out);
+  if (!in_flight_ || in_flight_->plan.target_replica != r) return;
+  const std::set<ReplicaId> rest = live_replicas();
+  if (rest.empty()) {
+    FailInFlight("every replica of this kernel was lost while the cell ran", out);
+    Pump(out);
+    return;
+  }
+  // The standbys wait for the executor's effects; tell them it is gone so they answer
+  // (ExecutorLost) with the state of the last completed cell.
+  Message cancel =
+      factory_.Make("nbos_cancel_request", Json{{"exec_id", in_flight_->exec_id}}, Json::object());
+  merger_.Expect(cancel.msg_id(), {rest.begin(), rest.end()});
+  SendTo({rest.begin(), rest.end()}, Channel::kControl, cancel, out);
+}
+
+void KernelRouter::Unlink(ReplicaId r, Effects* out) {
+  if (!replicas_.count(r)) return;
+  SetLive(r, false, out);
+  replicas_.erase(r);
+  merger_.OnReplicaBack(r);  // forgotten, not lost
+  if (merger_.primary() == r) {
+    const std::set<ReplicaId> live = live_replicas();
+    if (!live.empty()) merger_.SetPrimary(*live.begin());
+  }
+}
+
+// Answers the in-flight execution on the replicas' behalf when none of them can.
+void KernelRouter::FailInFlight(const std::string& why, Effects* out) {
+  const Json header = in_flight_->header;
+  Message reply = factory_.Make("execute_reply",
+                                Json{{"status", "error"},
+                                     {"ename", "ExecutorLost"},
+                                     {"evalue", why},
+                                     {"traceback", Json::array({"ExecutorLost: " + why})},
+                                     {"execution_count", nullptr}},
+                                header);
+  ForwardReply(Channel::kShell, std::move(reply), out);
+  Broadcast(Channel::kIopub, factory_.Make("status", Json{{"execution_state", "idle"}}, header),
+            out);
+}
+
+void KernelRouter::OnProbe(const ProbeRequested& probe, Effects* out) {
+  for (ReplicaId r : probe.replicas) {
+    if (!replicas_.count(r)) continue;
+    Message m = factory_.Make("kernel_info_request", Json::object(), Json::object());
+    probes_[m.msg_id()] = r;
+    merger_.Expect(m.msg_id(), {r});
+    SendTo({r}, Channel::kShell, m, out);
+  }
+}
+
+void KernelRouter::OnControlCall(ControlCallRequested& call, Effects* out) {
+  if (!IsLive(call.to)) {
+    out->push_back(ControlCallAnswered{
+        call.call_id, NotFound("replica " + std::to_string(call.to) +
+                               " is not a live replica of kernel " + options_.kernel_id)});
+    return;
+  }
+  Message m = factory_.Make(call.msg_type, std::move(call.content), Json::object());
+  control_calls_[m.msg_id()] = call.call_id;
+  control_to_[m.msg_id()] = call.to;
+  merger_.Expect(m.msg_id(), {call.to});
+  SendTo({call.to}, Channel::kControl, m, out);
+}
+
+void KernelRouter::OnClosing(Effects* out) {
+  for (const auto& [msg_id, call_id] : control_calls_) {
+    out->push_back(ControlCallAnswered{
+        call_id, Unavailable("kernel " + options_.kernel_id + " is shutting down")});
+  }
+  control_calls_.clear();
+  control_to_.clear();
+  if (in_flight_ && !in_flight_->plan.grant_id.empty()) {
+    out->push_back(GrantReleaseWanted{in_flight_->plan});
+  }
+  in_flight_.reset();
+  for (ClientId c : clients_) out->push_back(CloseClient{c, 1001, "kernel gone"});
+  clients_.clear();
+  closed_ = true;
+}
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+void KernelRouter::Deliver(ClientId client, Channel channel, Message m, Effects* out) {
+  if (!clients_.count(client)) return;
+  m.header["session"] = options_.session_id;
+  out->push_back(SendToClient{client, jupyter::WsMessage{channel, std::move(m)}});
+}
+
+void KernelRouter::Broadcast(Channel channel, Message m, Effects* out) {
+  if (clients_.empty()) return;
+  m.header["session"] = options_.session_id;
+  out->push_back(SendToAllClients{jupyter::WsMessage{channel, std::move(m)}});
+}
+
+void KernelRouter::SendTo(std::vector<ReplicaId> replicas, Channel channel, const Message& m,
+                          Effects* out) {
+  out->push_back(SendToReplicas{std::move(replicas), channel, m});
+}
+
+ReplicaId KernelRouter::ControlTarget() const {
+  const std::set<ReplicaId> live = live_replicas();
+  if (live.empty()) return 0;
+  const ReplicaId to = in_flight_ ? in_flight_->plan.target_replica : merger_.primary();
+  return live.count(to) ? to : *live.begin();
+}
+
+bool KernelRouter::IsLive(ReplicaId replica) const {
+  auto it = replicas_.find(replica);
+  return it != replicas_.end() && it->second;
+}
+
+std::set<ReplicaId> KernelRouter::live_replicas() const {
+  std::set<ReplicaId> live;
+  for (const auto& [r, is_live] : replicas_)
+    if (is_live) live.insert(r);
+  return live;
+}
+
+ReplicaId KernelRouter::executing_replica() const {
+  return in_flight_ ? in_flight_->plan.target_replica : 0;
+}
+
+const char* KernelRouter::execution_state() const {
+  return in_flight_ || !shell_queue_.empty() ? "busy" : "idle";
+}
+
+}  // namespace nbos::gateway

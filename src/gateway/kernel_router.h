@@ -1,0 +1,314 @@
+// KernelRouter: everything the gateway decides about one kernel's messages, as a pure state
+// machine in the spirit of etcd-raft's RawNode. Events go in through Apply(now_us, event):
+// client frames, replica messages, replica loss and return, planning results, timers; effects
+// come out: messages to replicas and clients, plan and grant-release requests, timers, answers to
+// probes and control calls. No sockets, threads or clocks: `now_us` (µs since the epoch) is the
+// caller's, message ids come from a counter under the kernel's session id, so the same events
+// give the same effects (the scenario tests in testdata/router replay them). KernelSession is
+// the ZeroMQ/WebSocket shell that carries the effects out.
+//
+// Rules (the Jupyter kernel a client expects, made of three replicas):
+// - Client input is validated first (client_validation.h). A frame that is no Jupyter message
+//   closes that client's WebSocket (1007, or 1009 over the size limit); a message with a bad
+//   field, a channel or type the gateway does not serve, or a resource request no server can
+//   meet is answered by the gateway with an error reply (busy, `error` output, reply, idle for
+//   shell requests). Every refusal emits InputRejected with its class, for the metrics.
+// - Shell requests are served in arrival order, at most `max_queued_requests` waiting. An
+//   execute_request waits for the previous one's reply, then for a plan (PlanWanted ->
+//   PlanDone: an executor whose server granted the GPUs); it then goes to every live replica
+//   with metadata nbos.{exec_id, target_replica, gpu_ids}. Its grant is released
+//   (GrantReleaseWanted) when the reply arrives, the request is failed, or the router closes. A
+//   plan that is nullopt is asked again after `replan_interval_ms` (TimerWanted); a plan error
+//   fails the request with that error. Other shell requests go to the primary replica (the last
+//   executor) at once; comm messages have no reply and are not tracked.
+// - stop_on_error: an execute_reply with status error aborts the execute_requests queued behind
+//   it (each answered "aborted" with busy/idle), as ipykernel does.
+// - Control requests go to the executing replica, else the primary. An interrupt (client or
+//   InterruptRequested) of a cell still waiting for its plan answers that cell with
+//   KeyboardInterrupt and releases a plan that arrives later.
+// - stdin: input_request goes to the client whose request asked; input_reply back to the
+//   replica that asked (the only outstanding prompt when the reply has no parent).
+// - Replies and outputs pass through the OutputMerger (one reply, one busy/idle, each output
+//   once) and go out under the kernel's one session id; replies to their client, iopub to all.
+// - Replica loss: what the lost replica owed is settled by the merger; if it was executing, the
+//   standbys get nbos_cancel_request (they answer with the last committed state); with no live
+//   replica left the cell is answered with ExecutorLost. A loss during planning re-plans.
+// - Probes (kernel_info to chosen replicas) and control calls (the migrator's membership
+//   requests) are answered with ProbeAnswered / ControlCallAnswered; a call to a replica that is
+//   not live, or lost before it answered, or still open at Close, is answered with an error.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+#include "gateway/client_validation.h"
+#include "gateway/output_merger.h"
+#include "jupyter/message.h"
+#include "jupyter/websocket_codec.h"
+
+namespace nbos::gateway {
+
+using ClientId = uint64_t;
+
+// What the scheduler decided for one execution.
+struct ExecutionPlan {
+  ReplicaId target_replica = 0;
+  std::string server_id;
+  std::string grant_id;  // empty when the cell needs no GPUs
+  std::vector<int> device_ids;
+  bool operator==(const ExecutionPlan&) const = default;
+};
+
+struct RouterOptions {
+  std::string kernel_id;
+  std::string session_id;           // the one session id clients see in headers
+  int gpus = 0;                     // per-cell GPUs unless the request's metadata says otherwise
+  std::vector<ReplicaId> replicas;  // linked and live at start; the first is the primary
+  ClientLimits limits;
+  int64_t replan_interval_ms = 20;
+  size_t max_queued_requests = 1024;
+};
+
+// ---- Events -----------------------------------------------------------------------------------
+
+struct ClientAttached {
+  ClientId client = 0;
+};
+struct ClientDetached {
+  ClientId client = 0;
+};
+// One WebSocket frame as received.
+struct ClientFrame {
+  ClientId client = 0;
+  std::string payload;
+  bool binary = false;
+};
+// A message from a replica's shell, control, stdin or iopub socket (signature already checked).
+struct ReplicaMessage {
+  ReplicaId replica = 0;
+  jupyter::Channel channel = jupyter::Channel::kShell;
+  jupyter::Message message;
+};
+struct ReplicaLost {
+  ReplicaId replica = 0;
+};
+struct ReplicaBack {
+  ReplicaId replica = 0;
+};
+// A new replica's sockets are connected (migration): it gets every later execution.
+struct ReplicaLinked {
+  ReplicaId replica = 0;
+};
+// A replica is dropped (as if lost, then forgotten).
+struct ReplicaUnlinked {
+  ReplicaId replica = 0;
+};
+// The answer to PlanWanted with the same plan_id: a plan, nullopt (nobody can execute now), or an
+// error that no later attempt can fix.
+struct PlanDone {
+  uint64_t plan_id = 0;
+  Result<std::optional<ExecutionPlan>> plan = std::optional<ExecutionPlan>();
+};
+struct TimerFired {
+  uint64_t timer_id = 0;
+};
+// The REST interrupt route.
+struct InterruptRequested {};
+// While held, no new execution starts; other requests flow and an execution in flight goes on.
+struct ExecutionsHeld {
+  bool held = false;
+};
+// kernel_info_request to each of `replicas`; each answer comes out as ProbeAnswered.
+struct ProbeRequested {
+  std::vector<ReplicaId> replicas;
+};
+struct ControlCallRequested {
+  uint64_t call_id = 0;
+  ReplicaId to = 0;
+  std::string msg_type;
+  jupyter::Json content = jupyter::Json::object();
+};
+// The session is closing: outstanding calls fail, the grant in flight is released, clients close.
+struct RouterClosing {};
+
+using RouterEvent = std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage,
+                                 ReplicaLost, ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone,
+                                 TimerFired, InterruptRequested, ExecutionsHeld, ProbeRequested,
+                                 ControlCallRequested, RouterClosing>;
+
+// ---- Effects ----------------------------------------------------------------------------------
+
+// One message to one or more replicas (an execute_request goes to every live one; the shell
+// encodes and signs it once).
+struct SendToReplicas {
+  std::vector<ReplicaId> replicas;
+  jupyter::Channel channel = jupyter::Channel::kShell;
+  jupyter::Message message;
+};
+struct SendToClient {
+  ClientId client = 0;
+  jupyter::WsMessage message;
+};
+struct SendToAllClients {
+  jupyter::WsMessage message;
+};
+struct CloseClient {
+  ClientId client = 0;
+  uint16_t code = 1000;  // 1007 invalid payload, 1009 too big, 1001 kernel gone
+  std::string reason;
+};
+// Choose the executor and commit its GPUs, then answer with PlanDone{plan_id}.
+struct PlanWanted {
+  uint64_t plan_id = 0;
+  std::string exec_id;
+  int gpus = 0;
+  ReplicaId requested_target = 0;  // metadata nbos.target_replica, 0 if none
+  std::set<ReplicaId> live;
+};
+struct GrantReleaseWanted {
+  ExecutionPlan plan;
+};
+// Answer with TimerFired{timer_id} after delay_ms; a timer the router no longer waits for is
+// ignored when it fires.
+struct TimerWanted {
+  uint64_t timer_id = 0;
+  int64_t delay_ms = 0;
+};
+// A client asked for shutdown (already answered); the owner deletes or restarts the kernel.
+struct ShutdownWanted {
+  bool restart = false;
+};
+struct ProbeAnswered {
+  ReplicaId replica = 0;
+};
+struct ControlCallAnswered {
+  uint64_t call_id = 0;
+  Result<jupyter::Json> reply = jupyter::Json::object();  // the reply's content
+};
+// A client input was refused (see client_validation.h for the classes).
+struct InputRejected {
+  RejectClass reason = RejectClass::kFrame;
+  std::string detail;
+};
+
+using RouterEffect = std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient,
+                                  PlanWanted, GrantReleaseWanted, TimerWanted, ShutdownWanted,
+                                  ProbeAnswered, ControlCallAnswered, InputRejected>;
+
+// ---- The router -------------------------------------------------------------------------------
+
+class KernelRouter {
+ public:
+  explicit KernelRouter(RouterOptions options);
+
+  // The single entry point. Never throws on any input. After RouterClosing every event is
+  // ignored, but a PlanDone that carries a grant gets it released.
+  std::vector<RouterEffect> Apply(int64_t now_us, RouterEvent event);
+
+  struct Stats {
+    uint64_t executions = 0;       // sent to the replicas
+    uint64_t waited_for_gpus = 0;  // executions that could not be planned at once
+    uint64_t rejected = 0;         // client inputs refused
+  };
+  const Stats& stats() const { return stats_; }
+  // "busy" while a shell request is queued or an execution in flight, else "idle".
+  const char* execution_state() const;
+  int64_t last_activity_us() const { return last_activity_us_; }
+  size_t connections() const { return clients_.size(); }
+  ReplicaId current_executor() const { return executor_; }
+  // The in-flight execution's target; 0 when none.
+  ReplicaId executing_replica() const;
+  std::set<ReplicaId> live_replicas() const;
+  bool closed() const { return closed_; }
+
+ private:
+  struct Queued {
+    ClientId client = 0;
+    jupyter::Channel channel = jupyter::Channel::kShell;
+    jupyter::Message request;
+    int64_t received_us = 0;
+  };
+  struct InFlight {
+    std::string msg_id;
+    std::string exec_id;
+    jupyter::Json header;
+    ExecutionPlan plan;
+    int64_t received_us = 0, planned_us = 0, sent_us = 0;
+    bool stop_on_error = true;
+  };
+  // The head execute_request's planning: a PlanWanted or a replan timer outstanding.
+  struct Planning {
+    uint64_t plan_id = 0;   // outstanding PlanWanted, 0 when none
+    uint64_t timer_id = 0;  // outstanding replan timer, 0 when none
+    bool logged_wait = false;
+  };
+
+  using Effects = std::vector<RouterEffect>;
+
+  void OnFrame(ClientFrame& frame, Effects* out);
+  void OnClientMessage(ClientId client, jupyter::WsMessage ws, Effects* out);
+  void OnReplicaMessage(ReplicaMessage& m, Effects* out);
+  void OnPlanDone(PlanDone& done, Effects* out);
+  void OnTimer(const TimerFired& timer, Effects* out);
+  void OnInterrupt(Effects* out);
+  void OnControlCall(ControlCallRequested& call, Effects* out);
+  void OnProbe(const ProbeRequested& probe, Effects* out);
+  void OnClosing(Effects* out);
+  void SetLive(ReplicaId replica, bool live, Effects* out);
+  void Unlink(ReplicaId replica, Effects* out);
+
+  void Pump(Effects* out);
+  void CancelWaitingExecution(Effects* out);
+  void StartExecution(const ExecutionPlan& plan, Effects* out);
+  void FinishExecution(jupyter::Message* reply, Effects* out);
+  void AbortQueuedExecutions(Effects* out);
+  void AnswerWithError(ClientId client, jupyter::Channel channel, const jupyter::Message& request,
+                       const std::string& ename, const std::string& evalue, Effects* out);
+  void FailInFlight(const std::string& why, Effects* out);
+  void Reject(ClientId client, const Rejection& rejection, const jupyter::Message* request,
+              jupyter::Channel channel, Effects* out);
+  void Route(jupyter::Channel channel, jupyter::Message m, Effects* out);
+  void ForwardReply(jupyter::Channel channel, jupyter::Message reply, Effects* out);
+  void Deliver(ClientId client, jupyter::Channel channel, jupyter::Message m, Effects* out);
+  void Broadcast(jupyter::Channel channel, jupyter::Message m, Effects* out);
+  void SendTo(std::vector<ReplicaId> replicas, jupyter::Channel channel, const jupyter::Message& m,
+              Effects* out);
+  ReplicaId ControlTarget() const;
+  bool IsLive(ReplicaId replica) const;
+  int CellGpus(const jupyter::Message& request) const;
+
+  RouterOptions options_;
+  int64_t now_us_ = 0;
+  jupyter::MessageFactory factory_;
+  OutputMerger merger_;
+  std::map<ReplicaId, bool> replicas_;  // linked replicas and whether each is live
+  std::set<ClientId> clients_;
+  std::deque<Queued> shell_queue_;
+  std::optional<InFlight> in_flight_;
+  Planning planning_;
+  uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
+  bool held_ = false;
+  bool abort_after_reply_ = false;  // the reply being forwarded failed a stop_on_error cell
+  bool closed_ = false;
+  uint64_t sequence_ = 0;                          // executions sent
+  std::map<std::string, ClientId> reply_to_;       // request msg_id -> client
+  std::map<std::string, ReplicaId> input_asker_;   // input_request msg_id -> replica
+  std::map<std::string, ReplicaId> probes_;        // kernel_info probe msg_id -> replica
+  std::map<std::string, uint64_t> control_calls_;  // request msg_id -> call id
+  std::map<std::string, ReplicaId> control_to_;    // request msg_id -> replica it went to
+  ReplicaId executor_ = 0;
+  int64_t last_activity_us_ = 0;
+  Stats stats_;
+};
+
+// Execution ids: "<kernel>:<sequence>".
+std::string ExecutionId(const std::string& kernel_id, uint64_t sequence);
+
+}  // namespace nbos::gateway

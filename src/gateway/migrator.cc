@@ -1,0 +1,203 @@
+#include "gateway/migrator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "gateway/replica_ops.h"
+#include "jupyter/connection_file.h"
+
+namespace nbos::gateway {
+namespace {
+
+using jupyter::Json;
+
+// The undo actions of the steps taken, run in reverse when the scope ends before Commit().
+class Rollback {
+ public:
+  Rollback() = default;
+  Rollback(const Rollback&) = delete;
+  Rollback& operator=(const Rollback&) = delete;
+  ~Rollback() {
+    if (committed_) return;
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) (*it)();
+  }
+  void OnFailure(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
+  void Commit() { committed_ = true; }
+
+ private:
+  std::vector<std::function<void()>> undo_;
+  bool committed_ = false;
+};
+
+// Per-step times for the log: where a slow migration spends its time.
+class StepClock {
+ public:
+  void Step(const char* name) {
+    const auto now = SteadyClock::now();
+    steps_ +=
+        fmt::format(" {} {} ms", name,
+                    std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count());
+    start_ = now;
+  }
+  const std::string& steps() const { return steps_; }
+  SteadyClock::time_point started() const { return started_; }
+
+ private:
+  const SteadyClock::time_point started_ = SteadyClock::now();
+  SteadyClock::time_point start_ = started_;
+  std::string steps_;
+};
+
+}  // namespace
+
+Migrator::Migrator(Registry* registry, MetadataStore* store, MigratorOptions options)
+    : registry_(registry), store_(store), options_(options) {}
+
+Migrator::~Migrator() { Stop(); }
+
+void Migrator::Start(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+  queue_.Post("migrations", [this, kernel_id, plan] { Run(kernel_id, plan); });
+}
+
+void Migrator::Stop() {
+  stopping_ = true;
+  queue_.Stop();
+}
+
+void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+  const auto started = SteadyClock::now();
+  Result<uint32_t> moved = stopping_ ? Result<uint32_t>(Unavailable("the gateway is stopping"))
+                                     : Migrate(kernel_id, plan);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started);
+  registry_->EndMigration(kernel_id, moved.status(), options_.failure_backoff);
+  if (!moved.ok()) {
+    spdlog::error("kernel {}: migrating replica {} from {} to {} failed: {}", kernel_id,
+                  plan.replica_id, plan.from_server_id, plan.to_server_id,
+                  moved.status().ToString());
+    return;
+  }
+  spdlog::info("kernel {}: replica {} on {} migrated to replica {} on {} in {} ms", kernel_id,
+               plan.replica_id, plan.from_server_id, *moved, plan.to_server_id, took.count());
+}
+
+Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+  std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
+  if (!found) return Unavailable("the kernel is gone");
+  MutexLock op(found->op_mu.get());
+  // The record as of now, under the kernel's operation lock.
+  uint32_t new_id = 0;
+  KernelRecord k;
+  if (!registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) {
+        new_id = ++r.last_replica_id;
+        k = r;
+      })) {
+    return Unavailable("the kernel is gone");
+  }
+  std::shared_ptr<KernelSession> session = k.session;
+  if (!session) return Unavailable("the kernel has no session");
+  auto to_client = registry_->Client(plan.to_server_id);
+  if (!to_client) return Unavailable("server " + plan.to_server_id + " is gone");
+  // A live member other than the one leaving takes the membership requests.
+  ReplicaId via = 0;
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto live = k.replica_live.find(r.replica_id);
+    if (r.replica_id != plan.replica_id && (live == k.replica_live.end() || live->second)) {
+      via = r.replica_id;
+      break;
+    }
+  }
+  if (via == 0) return Unavailable("no live replica to change the Raft group through");
+
+  StepClock clock;
+  // Declared before the rollback, so that a failure's undos run while executions are still held.
+  struct HoldGuard {
+    KernelSession* session;
+    bool held = false;
+    ~HoldGuard() {
+      if (held) session->HoldExecutions(false);
+    }
+  } hold{session.get()};
+  Rollback rollback;
+  auto prepared = PrepareReplica(*to_client, k.meta, k.request, plan.to_server_id, new_id);
+  if (!prepared.ok()) return prepared.status();
+  rollback.OnFailure([&] { StopReplica(*to_client, kernel_id, new_id, plan.to_server_id); });
+  auto conn = jupyter::ParseConnectionInfo(prepared->connection_json);
+  if (!conn.ok()) return conn.status();
+  if (auto launched = to_client->LaunchReplica(LaunchRequest(k.meta, new_id, {})); !launched.ok()) {
+    return launched.status();
+  }
+  clock.Step("launch");
+  if (Status s = MembershipChange(
+          *session, via,
+          Json{{"op", "add"}, {"replica_id", new_id}, {"raft_address", prepared->raft_address}});
+      !s.ok()) {
+    return s;
+  }
+  rollback.OnFailure([&] {
+    (void)MembershipChange(*session, via, Json{{"op", "remove"}, {"replica_id", new_id}});
+  });
+  clock.Step("join");
+  // No execution may start while four replicas are linked (their election could fail), and none
+  // may be running when the fourth is linked.
+  session->HoldExecutions(true);
+  hold.held = true;
+  const auto drain_deadline = SteadyClock::now() + options_.step_timeout;
+  while (ReplicaId busy = session->executing_replica()) {
+    if (busy == plan.replica_id) {
+      // A cell got GPUs on the leaving replica meanwhile: it no longer needs to move.
+      return Unavailable("replica " + std::to_string(plan.replica_id) +
+                         " started executing; migration abandoned");
+    }
+    if (SteadyClock::now() > drain_deadline) {
+      return Unavailable("an execution did not finish; migration abandoned");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (Status s = session->AddReplica({new_id, plan.to_server_id, *conn}); !s.ok()) return s;
+  rollback.OnFailure([&] { session->RemoveReplica(new_id); });
+  if (Status s = session->AwaitReplicas({new_id}, options_.step_timeout); !s.ok()) return s;
+  clock.Step("answer");
+  if (Status s =
+          MembershipChange(*session, via, Json{{"op", "remove"}, {"replica_id", plan.replica_id}});
+      !s.ok()) {
+    return s;
+  }
+  rollback.Commit();  // the old replica left the group: from here on the move stands
+  session->RemoveReplica(plan.replica_id);
+  clock.Step("leave");
+  spdlog::info("kernel {}: migration steps:{}", kernel_id, clock.steps());
+  if (auto from_client = registry_->Client(plan.from_server_id)) {
+    StopReplica(*from_client, kernel_id, plan.replica_id, plan.from_server_id);
+  }
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - clock.started());
+  if (auto meta = registry_->ReplaceReplica(kernel_id, plan.replica_id, *prepared, took)) {
+    if (Status s = store_->Put(*meta); !s.ok()) {
+      spdlog::error("kernel {}: recording the migration: {}", kernel_id, s.ToString());
+    }
+  }
+  return new_id;
+}
+
+// One nbos_membership_request through replica `via`; its error reply as a Status.
+Status Migrator::MembershipChange(KernelSession& session, ReplicaId via, Json request) {
+  const std::string what = request.dump();
+  auto reply = session.CallControl(via, "nbos_membership_request", std::move(request),
+                                   options_.step_timeout);
+  if (!reply.ok()) return reply.status();
+  const auto status = reply->find("status");
+  if (status == reply->end() || *status != "ok") {
+    const auto evalue = reply->find("evalue");
+    return Unavailable("membership change " + what + " refused: " +
+                       (evalue != reply->end() && evalue->is_string()
+                            ? evalue->get<std::string>()
+                            : reply->dump(-1, ' ', false, Json::error_handler_t::replace)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace nbos::gateway

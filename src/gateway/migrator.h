@@ -1,0 +1,56 @@
+// Migrator: carries out the scheduler's migration plans (DESIGN §5), one at a time on its own
+// thread: each takes seconds of waiting on daemons and Raft, which must hold up neither a
+// kernel's session nor the planner.
+//
+// A migration is a sequence of steps, each registered with its undo as soon as it took effect:
+//   prepare + launch the new replica on the target   undo: stop it (and remove its data)
+//   add it to the Raft group through a live member   undo: remove it from the group
+//   hold new executions, wait for the one in flight  undo: release the hold (always, at the end)
+//   link it to the kernel's session                  undo: unlink it
+//   wait for it to answer kernel_info
+//   remove the old replica from the Raft group       (the point of no return)
+// then unlink and stop the old replica and record the new membership (registry, database). A
+// step that fails runs the undos of the steps before it in reverse, so the kernel is left with
+// its old replicas; the failure backs off before this kernel migrates again.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "common/work_queue.h"
+#include "gateway/metadata_store.h"
+#include "gateway/registry.h"
+#include "sched/migration.h"
+
+namespace nbos::gateway {
+
+struct MigratorOptions {
+  // A membership change or the new replica's first answer that takes longer than this failed.
+  std::chrono::milliseconds step_timeout{60000};
+  std::chrono::milliseconds failure_backoff{10000};
+};
+
+class Migrator {
+ public:
+  Migrator(Registry* registry, MetadataStore* store, MigratorOptions options = {});
+  ~Migrator();
+
+  // Queues `plan` for a kernel the registry already marked migrating.
+  void Start(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  // Queued migrations end without starting; the one running finishes. Then joins.
+  void Stop();
+
+ private:
+  void Run(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  Result<uint32_t> Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  Status MembershipChange(KernelSession& session, ReplicaId via, jupyter::Json request);
+
+  Registry* registry_;
+  MetadataStore* store_;
+  const MigratorOptions options_;
+  std::atomic<bool> stopping_{false};
+  KeyedWorkQueue queue_{1, "migrator"};
+};
+
+}  // namespace nbos::gateway

@@ -1,0 +1,440 @@
+#include "gateway/registry.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "gateway/replica_ops.h"
+
+namespace nbos::gateway {
+namespace {
+
+constexpr size_t kMigrationsRemembered = 100;
+
+}  // namespace
+
+Registry::Registry(sched::SchedulerOptions options, sched::SchedulerObserver* journal)
+    : scheduler_(std::move(options)) {
+  MutexLock lock(&mu_);
+  scheduler_.set_observer(journal);
+}
+
+// The scheduler's clock: ms since the registry was made. Read under mu_, so it never goes
+// backwards from one event to the next.
+int64_t Registry::NowMs() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started_)
+      .count();
+}
+
+// ---- servers ----------------------------------------------------------------------------------
+
+void Registry::OnRegister(const control::RegisterRequest& req) {
+  MutexLock lock(&mu_);
+  ServerRecord& s = servers_[req.server_id()];
+  s.server_id = req.server_id();
+  if (!s.client || s.client->address() != req.daemon_address())
+    s.client = std::make_shared<daemon::DaemonClient>(req.daemon_address());
+  s.gpus_virtual = req.gpus_virtual();
+  s.last_seen = SteadyClock::now();
+  s.alive = true;
+  sched::ServerView view;
+  view.server_id = req.server_id();
+  view.spec = FromProto(req.spec());
+  if (const sched::ServerView* existing = scheduler_.cluster().FindServer(req.server_id())) {
+    view.committed = existing->committed;
+    if (Status st = scheduler_.OnServerUpdated(NowMs(), view); !st.ok()) {
+      spdlog::error("updating server {}: {}", req.server_id(), st.ToString());
+    }
+  } else if (Status st = scheduler_.OnServerJoined(NowMs(), view); !st.ok()) {
+    spdlog::error("registering server {}: {}", req.server_id(), st.ToString());
+  }
+  // Kernels restored from the database join the scheduler's view once all their servers are
+  // back.
+  for (auto& [id, k] : kernels_) {
+    if (k.in_cluster) continue;
+    bool all = true;
+    for (const auto& r : k.meta.replicas)
+      all = all && scheduler_.cluster().FindServer(r.server_id) != nullptr;
+    if (all && !AddToCluster(k).ok()) spdlog::warn("kernel {} not schedulable", id);
+  }
+}
+
+Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& status) {
+  HeartbeatOutcome out;
+  MutexLock lock(&mu_);
+  auto it = servers_.find(status.server_id());
+  if (it == servers_.end()) return out;
+  out.known = true;
+  ServerRecord& s = it->second;
+  s.last_seen = SteadyClock::now();
+  s.status = status;
+  s.alive = true;
+  out.client = s.client;
+  out.orphans = FindOrphans(s);
+  std::set<std::pair<std::string, uint32_t>> running;
+  for (const auto& r : status.replicas())
+    if (r.state() == "running") running.insert({r.kernel_id(), r.replica_id()});
+  for (auto& [id, k] : kernels_) {
+    for (const auto& r : k.meta.replicas) {
+      if (r.server_id != s.server_id) continue;
+      const bool live = running.count({id, r.replica_id}) > 0;
+      auto [pos, inserted] = k.replica_live.emplace(r.replica_id, live);
+      if (!inserted && pos->second == live) continue;
+      pos->second = live;
+      if (k.session) out.changes.push_back({k.session, r.replica_id, live});
+    }
+  }
+  return out;
+}
+
+// Replicas the server reports that no kernel of the gateway has (a kernel deleted or restarted
+// while its server was unregistered, or one the database lost), seen in two heartbeats in a row.
+// Kernels with a restart, delete or migration under way are left alone: their replica lists are
+// changing.
+std::vector<ReplicaRef> Registry::FindOrphans(ServerRecord& s) {
+  std::set<std::pair<std::string, uint32_t>> seen;
+  std::vector<ReplicaRef> orphans;
+  for (const auto& r : s.status.replicas()) {
+    if (r.state() == "stopped") continue;
+    auto k = kernels_.find(r.kernel_id());
+    if (k != kernels_.end()) {
+      if (!k->second.op_mu->TryLock()) continue;
+      k->second.op_mu->Unlock();
+      const auto& replicas = k->second.meta.replicas;
+      if (std::any_of(replicas.begin(), replicas.end(), [&](const StoredReplica& m) {
+            return m.replica_id == r.replica_id() && m.server_id == s.server_id;
+          })) {
+        continue;
+      }
+    }
+    const std::pair<std::string, uint32_t> id{r.kernel_id(), r.replica_id()};
+    seen.insert(id);
+    if (s.orphans_seen.count(id)) orphans.push_back({id.first, id.second});
+  }
+  s.orphans_seen = std::move(seen);
+  return orphans;
+}
+
+std::vector<LivenessChange> Registry::ExpireServers(std::chrono::milliseconds timeout) {
+  std::vector<LivenessChange> lost;
+  MutexLock lock(&mu_);
+  const auto now = SteadyClock::now();
+  for (auto& [id, s] : servers_) {
+    if (!s.alive || now - s.last_seen < timeout) continue;
+    s.alive = false;
+    if (Status st = scheduler_.OnServerAccepting(NowMs(), id, false); !st.ok()) {
+      spdlog::warn("server {}: {}", id, st.ToString());
+    }
+    spdlog::warn("server {} missed its heartbeats; its replicas count as lost", id);
+    for (auto& [kid, k] : kernels_) {
+      for (const auto& r : k.meta.replicas) {
+        if (r.server_id != id) continue;
+        k.replica_live[r.replica_id] = false;
+        if (k.session) lost.push_back({k.session, r.replica_id, false});
+      }
+    }
+  }
+  return lost;
+}
+
+std::shared_ptr<daemon::DaemonClient> Registry::ClientLocked(const std::string& server_id) const {
+  auto it = servers_.find(server_id);
+  return it == servers_.end() ? nullptr : it->second.client;
+}
+
+std::shared_ptr<daemon::DaemonClient> Registry::Client(const std::string& server_id) const {
+  MutexLock lock(&mu_);
+  return ClientLocked(server_id);
+}
+
+std::shared_ptr<daemon::DaemonClient> Registry::AwaitClient(
+    const std::string& server_id, std::chrono::milliseconds timeout) const {
+  const auto deadline = SteadyClock::now() + timeout;
+  for (;;) {
+    if (auto c = Client(server_id)) return c;
+    if (SteadyClock::now() >= deadline) return nullptr;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Status Registry::CheckReplicasNotGivenUp(const StoredKernel& meta,
+                                         SteadyClock::time_point since) const {
+  MutexLock lock(&mu_);
+  for (const StoredReplica& r : meta.replicas) {
+    auto it = servers_.find(r.server_id);
+    if (it == servers_.end() || it->second.last_seen <= since) continue;
+    for (const auto& st : it->second.status.replicas()) {
+      if (st.kernel_id() == meta.kernel_id && st.replica_id() == r.replica_id &&
+          st.state() == "exited") {
+        return Unavailable(fmt::format(
+            "replica {} of kernel {} on server {} exited (code {}) and will not be restarted; "
+            "its replica.log on that server says why",
+            r.replica_id, meta.kernel_id, r.server_id, st.exit_code()));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+Status Registry::AddToCluster(KernelRecord& k) {
+  sched::KernelView view;
+  view.kernel_id = k.meta.kernel_id;
+  view.request = k.request;
+  for (const StoredReplica& r : k.meta.replicas)
+    view.replicas.push_back({k.meta.kernel_id, r.replica_id, r.server_id});
+  Status s = scheduler_.OnKernelPlaced(NowMs(), std::move(view));
+  k.in_cluster = s.ok();
+  return s;
+}
+
+Result<std::vector<std::string>> Registry::PlaceKernel(KernelRecord k, int replicas) {
+  MutexLock lock(&mu_);
+  if (Status s = sched::CheckRequestFitsSomeServer(scheduler_.cluster(), k.request); !s.ok()) {
+    return s;
+  }
+  (void)scheduler_.OnTick(NowMs());  // SR_c sampled with the demand of this moment
+  sched::PlacementRequested po;
+  po.kernel_id = k.meta.kernel_id;
+  po.request = k.request;
+  po.replicas = replicas;
+  // There is no host provider to scale out with: place anyway and say so.
+  po.can_scale_out = false;
+  auto placement = scheduler_.RequestPlacement(NowMs(), std::move(po));
+  if (!placement.ok()) return placement.status();
+  if (placement->server_ids.empty()) {
+    return ResourceExhausted("no " + std::to_string(replicas) +
+                             " servers can host this kernel: " + placement->reason);
+  }
+  if (placement->ratio_ignored) {
+    spdlog::warn("kernel {} placed above the subscription ratio: {}", k.meta.kernel_id,
+                 placement->reason);
+  }
+  k.meta.replicas.clear();
+  for (size_t i = 0; i < placement->server_ids.size(); ++i) {
+    k.meta.replicas.push_back({static_cast<uint32_t>(i + 1), placement->server_ids[i], "", ""});
+  }
+  k.last_replica_id = static_cast<uint32_t>(placement->server_ids.size());
+  if (Status s = AddToCluster(k); !s.ok()) return s;
+  const std::string id = k.meta.kernel_id;
+  kernels_[id] = std::move(k);
+  return placement->server_ids;
+}
+
+void Registry::RestoreKernel(KernelRecord k) {
+  for (const StoredReplica& r : k.meta.replicas)
+    k.last_replica_id = std::max(k.last_replica_id, r.replica_id);
+  MutexLock lock(&mu_);
+  const std::string id = k.meta.kernel_id;
+  kernels_[id] = std::move(k);
+}
+
+std::optional<KernelRecord> Registry::FindKernel(const std::string& kernel_id) const {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<KernelRecord> Registry::Kernels() const {
+  MutexLock lock(&mu_);
+  std::vector<KernelRecord> all;
+  all.reserve(kernels_.size());
+  for (const auto& [id, k] : kernels_) all.push_back(k);
+  return all;
+}
+
+bool Registry::UpdateKernel(const std::string& kernel_id,
+                            const std::function<void(KernelRecord&)>& change) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return false;
+  change(it->second);
+  return true;
+}
+
+std::optional<KernelRecord> Registry::RemoveKernel(const std::string& kernel_id) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return std::nullopt;
+  KernelRecord removed = std::move(it->second);
+  kernels_.erase(it);
+  if (scheduler_.cluster().FindKernel(kernel_id) != nullptr) {
+    if (Status s = scheduler_.OnKernelRemoved(NowMs(), kernel_id); !s.ok()) {
+      spdlog::warn("kernel {}: {}", kernel_id, s.ToString());
+    }
+  }
+  return removed;
+}
+
+void Registry::CountKernelStarted() {
+  MutexLock lock(&mu_);
+  ++counters_.kernels_started;
+}
+
+// ---- executions -------------------------------------------------------------------------------
+
+Result<ExecutorCandidates> Registry::RequestExecutor(const std::string& kernel_id,
+                                                     const std::string& exec_id, int gpus,
+                                                     ReplicaId requested,
+                                                     const std::set<ReplicaId>& live) {
+  MutexLock lock(&mu_);
+  const sched::KernelView* view = scheduler_.cluster().FindKernel(kernel_id);
+  if (view == nullptr) return NotFound("kernel " + kernel_id + " is not in the scheduler's view");
+  int32_t largest = 0;
+  for (const auto& [id, server] : scheduler_.cluster().servers())
+    largest = std::max(largest, server.spec.gpus);
+  if (gpus > largest) {
+    return InvalidArgument(
+        fmt::format("this cell asks for {} GPU(s); the largest server has {}", gpus, largest));
+  }
+  sched::ExecutorRequested request;
+  request.kernel_id = kernel_id;
+  request.gpus = gpus;
+  for (const auto& r : view->replicas)
+    if (!live.count(r.replica_id)) request.excluded_replicas.insert(r.replica_id);
+  if (requested) request.target_replica = requested;
+  for (const auto& [id, s] : servers_)
+    if (s.alive && s.status.warm_pool().ready() > 0) request.warm_servers.insert(id);
+  auto decision = scheduler_.RequestExecutor(NowMs(), std::move(request));
+  if (!decision.ok()) return decision.status();
+  view = scheduler_.cluster().FindKernel(kernel_id);  // the event may have changed the view
+  ExecutorCandidates out;
+  const sched::ExecutorChoice& choice = decision->choice;
+  if (!choice.note.empty()) spdlog::info("kernel {}: {}", kernel_id, choice.note);
+  for (uint32_t id : choice.candidates) {
+    const sched::ReplicaView* r = view == nullptr ? nullptr : view->FindReplica(id);
+    if (r == nullptr) continue;
+    out.candidates.push_back({id, r->server_id, ClientLocked(r->server_id)});
+  }
+  if (decision->migration) {
+    const sched::MigrationPlan& m = *decision->migration;
+    if (logged_migration_.insert(exec_id).second) {
+      spdlog::info(
+          "kernel {}: no replica's server has {} idle GPU(s); migration plan: replica {} from {} "
+          "to {}{}",
+          kernel_id, gpus, m.replica_id, m.from_server_id,
+          m.to_server_id.empty() ? "(none)" : m.to_server_id,
+          m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
+    }
+    auto k = kernels_.find(kernel_id);
+    // No host provider yet: a plan without a target waits for GPUs to free up.
+    if (!m.scale_out_needed && !m.to_server_id.empty() && k != kernels_.end() &&
+        !k->second.migrating && SteadyClock::now() >= k->second.migration_retry_after) {
+      k->second.migrating = true;
+      out.migration = m;
+    }
+  }
+  return out;
+}
+
+void Registry::OnGrantCommitted(const std::string& kernel_id, const std::string& exec_id,
+                                ReplicaId replica, const std::string& server_id, int gpus) {
+  MutexLock lock(&mu_);
+  if (gpus > 0) ++counters_.grants_made;
+  logged_migration_.erase(exec_id);
+  if (Status s = scheduler_.OnGrantCommitted(
+          NowMs(), {kernel_id, replica, server_id, sched::Resources{0, 0, gpus, 0}});
+      !s.ok()) {
+    spdlog::warn("kernel {}: recording grant: {}", kernel_id, s.ToString());
+  }
+}
+
+void Registry::OnGrantRefused() {
+  MutexLock lock(&mu_);
+  ++counters_.grants_refused;
+}
+
+void Registry::OnGrantReleased(const std::string& kernel_id, ReplicaId replica,
+                               const std::string& server_id, int gpus) {
+  MutexLock lock(&mu_);
+  if (Status s = scheduler_.OnGrantReleased(
+          NowMs(), {kernel_id, replica, server_id, sched::Resources{0, 0, gpus, 0}});
+      !s.ok()) {
+    spdlog::warn("kernel {}: recording release: {}", kernel_id, s.ToString());
+  }
+}
+
+std::vector<sched::RebalancePlan> Registry::Tick() {
+  MutexLock lock(&mu_);
+  std::vector<sched::RebalancePlan> plans;
+  for (sched::RebalancePlan& r : scheduler_.OnTick(NowMs()).rebalance) {
+    auto k = kernels_.find(r.kernel_id);
+    if (k == kernels_.end() || k->second.migrating ||
+        SteadyClock::now() < k->second.migration_retry_after) {
+      continue;
+    }
+    k->second.migrating = true;
+    plans.push_back(std::move(r));
+  }
+  return plans;
+}
+
+// ---- migration --------------------------------------------------------------------------------
+
+bool Registry::BeginMigration(const std::string& kernel_id) {
+  MutexLock lock(&mu_);
+  auto k = kernels_.find(kernel_id);
+  if (k == kernels_.end() || k->second.migrating ||
+      SteadyClock::now() < k->second.migration_retry_after) {
+    return false;
+  }
+  k->second.migrating = true;
+  return true;
+}
+
+void Registry::EndMigration(const std::string& kernel_id, const Status& outcome,
+                            std::chrono::milliseconds backoff) {
+  MutexLock lock(&mu_);
+  auto k = kernels_.find(kernel_id);
+  if (k != kernels_.end()) {
+    k->second.migrating = false;
+    if (!outcome.ok()) k->second.migration_retry_after = SteadyClock::now() + backoff;
+  }
+  if (!outcome.ok()) ++counters_.migrations_failed;
+}
+
+std::optional<StoredKernel> Registry::ReplaceReplica(const std::string& kernel_id, uint32_t old_id,
+                                                     const StoredReplica& replacement,
+                                                     std::chrono::milliseconds took) {
+  MutexLock lock(&mu_);
+  ++counters_.migrations_done;
+  counters_.migration_ms.push_back(took.count());
+  if (counters_.migration_ms.size() > kMigrationsRemembered)
+    counters_.migration_ms.erase(counters_.migration_ms.begin());
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return std::nullopt;
+  KernelRecord& k = it->second;
+  std::erase_if(k.meta.replicas, [&](const StoredReplica& r) { return r.replica_id == old_id; });
+  k.meta.replicas.push_back(replacement);
+  k.replica_live.erase(old_id);
+  k.replica_live[replacement.replica_id] = true;
+  if (Status s = scheduler_.OnReplicaAdded(NowMs(), kernel_id, replacement.replica_id,
+                                           replacement.server_id);
+      !s.ok()) {
+    spdlog::warn("kernel {}: recording replica {}: {}", kernel_id, replacement.replica_id,
+                 s.ToString());
+  }
+  if (Status s = scheduler_.OnReplicaRemoved(NowMs(), kernel_id, old_id); !s.ok()) {
+    spdlog::warn("kernel {}: forgetting replica {}: {}", kernel_id, old_id, s.ToString());
+  }
+  return k.meta;
+}
+
+RegistrySnapshot Registry::Snapshot() const {
+  MutexLock lock(&mu_);
+  RegistrySnapshot out;
+  for (const auto& [id, view] : scheduler_.cluster().servers()) {
+    auto s = servers_.find(id);
+    out.servers.emplace_back(
+        view, s == servers_.end() ? std::nullopt : std::optional<ServerRecord>(s->second));
+  }
+  for (const auto& [id, k] : kernels_) out.kernels.push_back(k);
+  out.cluster_ratio = scheduler_.ratio().value();
+  out.counters = counters_;
+  return out;
+}
+
+}  // namespace nbos::gateway

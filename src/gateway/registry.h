@@ -1,0 +1,191 @@
+// Registry: the gateway's tables, and the only owner of them: registered servers (their daemon
+// clients and last heartbeats), kernels (metadata, resources, session, replica liveness,
+// migration bookkeeping) and the scheduling core that decides over both. One mutex guards all
+// of it (checked by -Wthread-safety). Callers get copies (KernelRecord, ServerRecord, Snapshot)
+// and change a kernel only through UpdateKernel or the named operations, so no thread ever reads
+// a table while another rewrites it. No RPC, disk or socket work happens under the lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "control/control.pb.h"
+#include "daemon/daemon_client.h"
+#include "gateway/kernel_session.h"
+#include "gateway/metadata_store.h"
+#include "sched/scheduler.h"
+
+namespace nbos::gateway {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct KernelRecord {
+  StoredKernel meta;
+  sched::Resources request;
+  std::shared_ptr<KernelSession> session;  // null while the kernel starts or restarts
+  // Serialises restart, delete and migration of this kernel; never held with the registry's.
+  std::shared_ptr<Mutex> op_mu = std::make_shared<Mutex>();
+  bool in_cluster = false;  // part of the scheduler's view (all its servers registered)
+  std::map<ReplicaId, bool> replica_live;
+  bool migrating = false;  // a migration is queued or running
+  SteadyClock::time_point migration_retry_after{};
+  uint32_t last_replica_id = 0;  // replica ids are never reused within a kernel
+};
+
+struct ServerRecord {
+  std::string server_id;
+  std::shared_ptr<daemon::DaemonClient> client;
+  bool gpus_virtual = false;
+  bool alive = true;
+  SteadyClock::time_point last_seen;
+  control::ServerStatus status;
+  // Replicas this daemon runs that belong to no kernel, as of the last heartbeat; stopped when
+  // the next heartbeat still reports them.
+  std::set<std::pair<std::string, uint32_t>> orphans_seen;
+};
+
+// A replica's liveness as its daemon reports it, for the kernel's session.
+struct LivenessChange {
+  std::shared_ptr<KernelSession> session;
+  ReplicaId replica = 0;
+  bool live = false;
+};
+
+struct ReplicaRef {
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+};
+
+// Who may execute a cell, in order, with their daemons.
+struct ExecutorCandidates {
+  struct Candidate {
+    ReplicaId replica = 0;
+    std::string server_id;
+    std::shared_ptr<daemon::DaemonClient> client;
+  };
+  std::vector<Candidate> candidates;
+  // Set when no candidate's server can grant the GPUs and a migration should start now (the
+  // kernel was marked migrating; the caller must hand the plan to the migrator).
+  std::optional<sched::MigrationPlan> migration;
+};
+
+struct RegistryCounters {
+  uint64_t grants_made = 0, grants_refused = 0, kernels_started = 0;
+  uint64_t migrations_done = 0, migrations_failed = 0;
+  std::vector<int64_t> migration_ms;  // the last 100 migrations' durations
+};
+
+// Everything the cluster view and the metrics show, copied at one moment.
+struct RegistrySnapshot {
+  std::vector<std::pair<sched::ServerView, std::optional<ServerRecord>>> servers;
+  std::vector<KernelRecord> kernels;
+  double cluster_ratio = 0;
+  RegistryCounters counters;
+};
+
+class Registry {
+ public:
+  // `journal`, when set, sees every scheduling event (the decision journal); it must outlive the
+  // registry.
+  explicit Registry(sched::SchedulerOptions options, sched::SchedulerObserver* journal = nullptr);
+
+  // ---- servers ----
+  void OnRegister(const control::RegisterRequest& request) EXCLUDES(mu_);
+  struct HeartbeatOutcome {
+    bool known = false;  // false: the daemon must register first
+    std::vector<LivenessChange> changes;
+    std::vector<ReplicaRef> orphans;  // to stop: seen in two heartbeats, owned by no kernel
+    std::shared_ptr<daemon::DaemonClient> client;
+  };
+  HeartbeatOutcome OnHeartbeat(const control::ServerStatus& status) EXCLUDES(mu_);
+  // Servers silent for longer than `timeout` stop counting: their replicas are lost.
+  std::vector<LivenessChange> ExpireServers(std::chrono::milliseconds timeout) EXCLUDES(mu_);
+  std::shared_ptr<daemon::DaemonClient> Client(const std::string& server_id) const EXCLUDES(mu_);
+  // Client, waiting up to `timeout` for the server to register: right after a gateway restart
+  // the daemons come back with their next heartbeat.
+  std::shared_ptr<daemon::DaemonClient> AwaitClient(const std::string& server_id,
+                                                    std::chrono::milliseconds timeout) const
+      EXCLUDES(mu_);
+  // Unavailable when a daemon reports, in a heartbeat newer than `since`, that a replica of
+  // `meta` exited and will not be restarted.
+  Status CheckReplicasNotGivenUp(const StoredKernel& meta, SteadyClock::time_point since) const
+      EXCLUDES(mu_);
+
+  // ---- kernels ----
+  // Places a new kernel's `replicas` replicas through the scheduler and records the kernel with
+  // its (not yet launched) replicas, so concurrent starts see them. Returns the servers, in
+  // replica id order. Errors: InvalidArgument (a request no server could ever meet),
+  // ResourceExhausted (no servers can take it now).
+  Result<std::vector<std::string>> PlaceKernel(KernelRecord kernel, int replicas) EXCLUDES(mu_);
+  // A kernel from the database; it joins the scheduler's view once its servers registered.
+  void RestoreKernel(KernelRecord kernel) EXCLUDES(mu_);
+  std::optional<KernelRecord> FindKernel(const std::string& kernel_id) const EXCLUDES(mu_);
+  std::vector<KernelRecord> Kernels() const EXCLUDES(mu_);
+  // Runs `change` on the kernel's record under the lock (it must not call the registry). False
+  // when there is no such kernel.
+  bool UpdateKernel(const std::string& kernel_id, const std::function<void(KernelRecord&)>& change)
+      EXCLUDES(mu_);
+  // Forgets the kernel (and its scheduling state); returns its last record, nullopt when there was
+  // none.
+  std::optional<KernelRecord> RemoveKernel(const std::string& kernel_id) EXCLUDES(mu_);
+  void CountKernelStarted() EXCLUDES(mu_);
+
+  // ---- executions ----
+  // The scheduler's choice of executor for one execution of `kernel_id` among `live` replicas,
+  // with the daemons to ask for GPUs. NotFound: the kernel is not in the scheduler's view (its
+  // servers have not registered yet); InvalidArgument: more GPUs than the largest server has
+  // (no later attempt can succeed); other errors are the scheduler's (the caller waits).
+  Result<ExecutorCandidates> RequestExecutor(const std::string& kernel_id,
+                                             const std::string& exec_id, int gpus,
+                                             ReplicaId requested, const std::set<ReplicaId>& live)
+      EXCLUDES(mu_);
+  void OnGrantCommitted(const std::string& kernel_id, const std::string& exec_id, ReplicaId replica,
+                        const std::string& server_id, int gpus) EXCLUDES(mu_);
+  void OnGrantRefused() EXCLUDES(mu_);
+  void OnGrantReleased(const std::string& kernel_id, ReplicaId replica,
+                       const std::string& server_id, int gpus) EXCLUDES(mu_);
+  // A scheduler tick; its rebalance plans whose kernels could be marked migrating.
+  std::vector<sched::RebalancePlan> Tick() EXCLUDES(mu_);
+
+  // ---- migration ----
+  // Marks the kernel migrating unless it already is or a failed migration backs off. False:
+  // leave it.
+  bool BeginMigration(const std::string& kernel_id) EXCLUDES(mu_);
+  // Clears the mark; a failure is counted and backs off for `backoff`.
+  void EndMigration(const std::string& kernel_id, const Status& outcome,
+                    std::chrono::milliseconds backoff) EXCLUDES(mu_);
+  // A migration that took `took` replaced replica `old_id` by `replacement`: the kernel's
+  // metadata, liveness, the scheduler's view and the migration counters change together.
+  // Returns the metadata to store.
+  std::optional<StoredKernel> ReplaceReplica(const std::string& kernel_id, uint32_t old_id,
+                                             const StoredReplica& replacement,
+                                             std::chrono::milliseconds took) EXCLUDES(mu_);
+
+  RegistrySnapshot Snapshot() const EXCLUDES(mu_);
+
+ private:
+  int64_t NowMs() const;
+  Status AddToCluster(KernelRecord& kernel) REQUIRES(mu_);
+  std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
+  std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
+      REQUIRES(mu_);
+
+  const SteadyClock::time_point started_ = SteadyClock::now();
+  mutable Mutex mu_;
+  sched::Scheduler scheduler_ GUARDED_BY(mu_);
+  std::map<std::string, ServerRecord> servers_ GUARDED_BY(mu_);
+  std::map<std::string, KernelRecord> kernels_ GUARDED_BY(mu_);
+  RegistryCounters counters_ GUARDED_BY(mu_);
+  std::set<std::string> logged_migration_ GUARDED_BY(mu_);  // exec ids whose wait was logged
+};
+
+}  // namespace nbos::gateway
