@@ -111,7 +111,11 @@ struct Fuzz {
       }
       default: {
         Json deep = Json::array();  // nesting past the limit, sometimes
-        for (int i = in.ConsumeIntegralInRange<int>(0, 150); i > 0; --i) deep = Json::array({deep});
+        for (int i = in.ConsumeIntegralInRange<int>(0, 150); i > 0; --i) {
+          Json outer = Json::array();
+          outer.push_back(std::move(deep));
+          deep = std::move(outer);
+        }
         return deep;
       }
     }

@@ -3,8 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cassert>
 #include <utility>
+
+#include "common/check.h"
 
 namespace nbos::daemon {
 
@@ -30,9 +31,8 @@ Ledger::Ledger(ResourceVector spec, std::vector<GpuDevice> devices) : spec_(spec
   spec_.gpus = 0;
   spec_.vram_mb = 0;
   for (const GpuDevice& d : devices) {
-    bool inserted = devices_.emplace(d.id, d).second;
-    assert(inserted && "GPU device ids must be distinct");
-    (void)inserted;
+    const bool inserted = devices_.emplace(d.id, d).second;
+    NBOS_CHECK(inserted, "GPU device ids must be distinct");
     spec_.gpus += 1;
     spec_.vram_mb += d.vram_mb;
   }
@@ -88,7 +88,7 @@ GrantDecision Ledger::Grant(const ReplicaKey& replica, const std::string& exec_i
     d.grant = g;
     return d;
   }
-  assert(!grants_.contains(grant_id) && "grant ids must be unique");
+  NBOS_CHECK(!grants_.contains(grant_id), "grant ids must be unique");
   std::vector<int> chosen;
   int64_t chosen_vram = 0;
   for (const auto& [id, device] : devices_) {
@@ -121,7 +121,8 @@ bool Ledger::Release(const std::string& grant_id) {
   if (it == grants_.end()) return false;
   for (int id : it->second.device_ids) {
     auto h = holder_.find(id);
-    assert(h != holder_.end() && h->second == grant_id);
+    NBOS_CHECK(h != holder_.end() && h->second == grant_id,
+               "a grant's devices are held by that grant");
     holder_.erase(h);
   }
   by_exec_.erase({it->second.replica.kernel_id, it->second.exec_id});
@@ -183,21 +184,25 @@ std::optional<GpuGrant> Ledger::FindGrant(const std::string& grant_id) const {
   return it->second;
 }
 
+// Always on: a few grants and at most a handful of devices per server, so the walk is cheap, and
+// a ledger that went on after breaking these would hand the same GPU to two executions.
 void Ledger::CheckInvariants() const {
-#ifndef NDEBUG
   size_t held = 0;
   for (const auto& [id, g] : grants_) {
-    assert(subscriptions_.contains(g.replica));
-    assert(by_exec_.at({g.replica.kernel_id, g.exec_id}) == id);
+    NBOS_CHECK(subscriptions_.contains(g.replica), "every grant belongs to a subscribed replica");
+    auto exec = by_exec_.find({g.replica.kernel_id, g.exec_id});
+    NBOS_CHECK(exec != by_exec_.end() && exec->second == id,
+               "every grant is indexed by its (kernel id, exec id)");
     for (int dev : g.device_ids) {
-      assert(devices_.contains(dev));
-      assert(holder_.at(dev) == id);
+      NBOS_CHECK(devices_.contains(dev), "a grant holds only this server's devices");
+      auto h = holder_.find(dev);
+      NBOS_CHECK(h != holder_.end() && h->second == id,
+                 "a device is held by the grant that has it");
     }
     held += g.device_ids.size();
   }
-  assert(held == holder_.size());
-  assert(by_exec_.size() == grants_.size());
-#endif
+  NBOS_CHECK(held == holder_.size(), "a device belongs to at most one grant");
+  NBOS_CHECK(by_exec_.size() == grants_.size(), "one grant per (kernel id, exec id)");
 }
 
 }  // namespace nbos::daemon

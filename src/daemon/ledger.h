@@ -2,7 +2,7 @@
 // replicas placed on it asked for (subscribed), and which GPUs are bound to executions now
 // (committed). Pure bookkeeping: no I/O, no clock, no randomness (grant ids are passed in).
 //
-// Invariants (checked by assertions and by ledger_test's randomized test):
+// Invariants (checked in every build by NBOS_CHECK and by ledger_test's randomized test):
 //  - a device id belongs to at most one grant at a time;
 //  - every grant belongs to a subscribed replica;
 //  - at most one grant per (kernel id, exec id).

@@ -19,7 +19,7 @@ void NotifySessions(const std::vector<LivenessChange>& changes) {
 }
 
 struct ControlPlane::Service final : public control::Gateway::Service {
-  explicit Service(ControlPlane* plane) : plane(plane) {}
+  explicit Service(ControlPlane* owner) : plane(owner) {}
 
   grpc::Status Register(grpc::ServerContext*, const control::RegisterRequest* req,
                         control::RegisterReply* reply) override {

@@ -32,6 +32,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/check.h"
 #include "http/router.h"
 
 namespace nbos::http {
@@ -858,7 +859,8 @@ Server::~Server() { Stop(); }
 
 void Server::Route(std::string method, std::string_view pattern, Handler handler,
                    RouteOptions options) {
-  assert(!impl_->started && "routes must be added before Start");
+  // The server threads read the route table without a lock once started.
+  NBOS_CHECK(!impl_->started, "routes must be added before Start");
   auto parsed = PathPattern::Parse(pattern);
   assert(parsed && "malformed route pattern");
   if (!parsed) {
@@ -870,7 +872,8 @@ void Server::Route(std::string method, std::string_view pattern, Handler handler
 }
 
 void Server::WebSocket(std::string_view pattern, WsFactory factory, RouteOptions options) {
-  assert(!impl_->started && "routes must be added before Start");
+  // The server threads read the route table without a lock once started.
+  NBOS_CHECK(!impl_->started, "routes must be added before Start");
   auto parsed = PathPattern::Parse(pattern);
   assert(parsed && "malformed route pattern");
   if (!parsed) {
@@ -881,13 +884,13 @@ void Server::WebSocket(std::string_view pattern, WsFactory factory, RouteOptions
 }
 
 void Server::SetAuthenticator(Authenticator authenticator) {
-  assert(!impl_->started && "the authenticator must be set before Start");
+  NBOS_CHECK(!impl_->started, "the authenticator must be set before Start");
   impl_->shared->authenticator = std::move(authenticator);
 }
 
 Status Server::Start(const ServerOptions& options) {
   Impl& im = *impl_;
-  assert(!im.started && "Start is called once");
+  NBOS_CHECK(!im.started, "Start is called once");
   im.started = true;
   im.shared->options = options;
   beast::error_code ec;
@@ -928,7 +931,7 @@ uint16_t Server::port() const { return impl_->port.load(); }
 void Server::Stop() {
   Impl& im = *impl_;
   if (!im.ioc || im.stopped) return;
-  assert(!tls_server_thread && "Stop called from a server thread");
+  NBOS_CHECK(!tls_server_thread, "Stop called from a server thread would join itself");
   im.stopped = true;
   Shared& shared = *im.shared;
 

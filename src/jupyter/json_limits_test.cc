@@ -11,8 +11,8 @@ TEST(JsonDepthWithin, CountsNestedArraysAndObjects) {
   EXPECT_TRUE(JsonDepthWithin("1", 0));
   EXPECT_FALSE(JsonDepthWithin("[]", 0));
   EXPECT_TRUE(JsonDepthWithin("[]", 1));
-  EXPECT_TRUE(JsonDepthWithin(R"({"a": [1, {"b": []}], "c": {}})", 3));
-  EXPECT_FALSE(JsonDepthWithin(R"({"a": [1, {"b": []}], "c": {}})", 2));
+  EXPECT_TRUE(JsonDepthWithin(R"({"a": [1, {"b": []}], "c": {}})", 4));
+  EXPECT_FALSE(JsonDepthWithin(R"({"a": [1, {"b": []}], "c": {}})", 3));
 }
 
 TEST(JsonDepthWithin, IgnoresBracketsInStringsAndEscapedQuotes) {

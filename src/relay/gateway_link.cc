@@ -244,7 +244,12 @@ Result<std::unique_ptr<GatewayLink>> GatewayLink::Start(GatewayOptions options,
     Status why = ws.status();
     auto del = http::HttpRequest("DELETE", impl->KernelUrl(), impl->Headers(false), "",
                                  impl->options.request_timeout);
-    (void)del;
+    // A kernel left behind holds its replicas' resources on the gateway until someone deletes it.
+    if (!del.ok() || (del->status / 100 != 2 && del->status != 404)) {
+      spdlog::warn("could not delete gateway kernel {} after its channels failed to open: {}",
+                   impl->kernel_id,
+                   del.ok() ? "HTTP " + std::to_string(del->status) : del.status().ToString());
+    }
     return Status(why.code(), "opening the channels of kernel " + impl->kernel_id +
                                   " failed: " + why.message());
   }

@@ -1,7 +1,8 @@
 #include "relay/output_collector.h"
 
-#include <cassert>
 #include <string>
+
+#include "common/check.h"
 
 namespace nbos::relay {
 
@@ -44,12 +45,15 @@ std::string DisplayId(const Json& content) {
 
 }  // namespace
 
-OutputCollector::OutputCollector(Json* cells) : cells_(cells) { assert(cells_->is_array()); }
+OutputCollector::OutputCollector(Json* cells) : cells_(cells) {
+  NBOS_CHECK(cells_->is_array(), "a notebook's cells are an array");
+}
 
 Json& OutputCollector::Outputs() { return (*cells_)[current_]["outputs"]; }
 
 void OutputCollector::BeginCell(size_t index) {
-  assert(index < cells_->size());
+  // operator[] past the end would grow the notebook with null cells.
+  NBOS_CHECK(index < cells_->size(), "BeginCell of a cell the notebook has");
   current_ = index;
   started_ = true;
   clear_pending_ = false;
@@ -81,12 +85,12 @@ void OutputCollector::UpdateDisplay(const std::string& display_id, const Json& c
 }
 
 void OutputCollector::SetExecutionCount(const Json& count) {
-  assert(started_);
+  NBOS_CHECK(started_, "outputs before BeginCell would land in cell 0");
   (*cells_)[current_]["execution_count"] = count;
 }
 
 void OutputCollector::Add(std::string_view msg_type, const Json& content) {
-  assert(started_);
+  NBOS_CHECK(started_, "outputs before BeginCell would land in cell 0");
   if (!content.is_object()) return;
   const std::string display_id = DisplayId(content);
   if (!display_id.empty() && (msg_type == "display_data" || msg_type == "execute_result" ||

@@ -34,7 +34,9 @@ class Recorder final : public KernelStateMachine::Listener {
     events.push_back("restored " + checkpoint + " +" + std::to_string(journal.size()) + "/" +
                      std::to_string(total));
   }
+  void OnDuplicateSkipped(const KernelEntry& entry) override { skipped.push_back(entry.id); }
   std::vector<std::string> events;
+  std::vector<std::string> skipped;  // proposal ids, not decisions
 };
 
 std::string Lead(const std::string& id, ReplicaId r) {
@@ -56,6 +58,39 @@ TEST(KernelEntryTest, RoundTripKeepsBinaryPayload) {
   auto decoded = DecodeKernelEntry(EncodeKernelEntry(e));
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
   EXPECT_EQ(*decoded, e);
+}
+
+// An entry with a proposal id, as a replica proposes it.
+std::string WithId(KernelEntry e, std::string id) {
+  e.id = std::move(id);
+  return EncodeKernelEntry(e);
+}
+
+TEST(KernelEntryTest, ProposalIdRoundTripsAndIsOptional) {
+  KernelEntry e{KernelEntry::Type::kDone, "k:1:0", 2, Json{{"status", "ok"}}, "", "2:n:7"};
+  auto decoded = DecodeKernelEntry(EncodeKernelEntry(e));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, e);
+  // Without an id the header is exactly the old one, so older readers and logs agree.
+  e.id.clear();
+  const std::string old_format = EncodeKernelEntry(e);
+  EXPECT_EQ(old_format.find("\"id\""), std::string::npos);
+  decoded = DecodeKernelEntry(old_format);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_TRUE(decoded->id.empty());
+  // An id that is not a string is malformed.
+  const std::string header = R"({"exec_id":"e","replica":1,"id":7})";
+  std::string bad("\x01\x04\0\0\0", 5);
+  bad.push_back(static_cast<char>(header.size()));
+  EXPECT_FALSE(DecodeKernelEntry(bad + header).ok());
+}
+
+TEST(ProposalIdsTest, UniquePerReplicaNonceAndSequence) {
+  ProposalIds a(2, "nonce-a"), restarted(2, "nonce-b"), other(3, "nonce-a");
+  EXPECT_EQ(a.Next(), "2:nonce-a:1");
+  EXPECT_EQ(a.Next(), "2:nonce-a:2");
+  EXPECT_EQ(restarted.Next(), "2:nonce-b:1");
+  EXPECT_EQ(other.Next(), "3:nonce-a:1");
 }
 
 TEST(KernelEntryTest, MalformedEntriesAreErrors) {
@@ -150,6 +185,124 @@ TEST(KernelStateMachineTest, SnapshotRestoreRoundTrip) {
   EXPECT_EQ(b.ElectionFor("e1")->winner, ReplicaId{2});
   EXPECT_EQ(r.events.size(), 1u);
   EXPECT_FALSE(b.Restore("junk").ok());
+}
+
+// A retried proposal committed twice: every effect reaches the listener once.
+TEST(KernelStateMachineTest, EntriesWithAnAppliedIdAreSkipped) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  const std::string lead = WithId({KernelEntry::Type::kLead, "e1", 2, Json::object(), ""}, "2:n:1");
+  const std::string delta =
+      WithId({KernelEntry::Type::kDelta, "e1", 2, Json::object(), "x=1"}, "2:n:2");
+  const std::string side =
+      WithId({KernelEntry::Type::kSideEffect, "e1", 2, Json::object(), "%cd /x"}, "2:n:3");
+  const std::string done =
+      WithId({KernelEntry::Type::kDone, "e1", 2, Json{{"status", "ok"}}, ""}, "2:n:4");
+  const std::string checkpoint =
+      WithId({KernelEntry::Type::kCheckpoint, "", 2, Json{{"covers", 2}}, "ck"}, "2:n:5");
+  m.Apply(lead);
+  m.Apply(delta);
+  m.Apply(delta);  // the retry of a batch whose answer was lost commits it all again
+  m.Apply(side);
+  m.Apply(done);
+  m.Apply(delta);
+  m.Apply(side);
+  m.Apply(done);
+  m.Apply(lead);
+  m.Apply(checkpoint);
+  m.Apply(checkpoint);
+  EXPECT_EQ(r.events,
+            (std::vector<std::string>{"elected e1 2", "delta e1 2 x=1", "side-effect e1 %cd /x",
+                                      R"(done e1 2 {"status":"ok"})", "checkpoint 2"}));
+  EXPECT_EQ(m.duplicates_skipped(), 6u);
+  EXPECT_EQ(r.skipped,
+            (std::vector<std::string>{"2:n:2", "2:n:2", "2:n:3", "2:n:4", "2:n:1", "2:n:5"}));
+  EXPECT_EQ(m.executions_done(), 1u);
+  EXPECT_EQ(m.journal_total(), 2u);
+  EXPECT_EQ(m.checkpoint(), "ck");
+  EXPECT_TRUE(m.journal().empty());
+  // The same effects proposed again under new ids (a new proposal, not a retry) do apply.
+  m.Apply(WithId({KernelEntry::Type::kDelta, "e1", 2, Json::object(), "x=1"}, "2:n:6"));
+  EXPECT_EQ(r.events.back(), "delta e1 2 x=1");
+  EXPECT_EQ(m.journal_total(), 3u);
+}
+
+TEST(KernelStateMachineTest, EntriesWithoutAnIdApplyEveryTime) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Delta("e1", 1, "d"));
+  m.Apply(Delta("e1", 1, "d"));
+  m.Apply(Done("e1", 1));
+  m.Apply(Done("e1", 1));
+  EXPECT_EQ(r.events.size(), 4u);
+  EXPECT_EQ(m.journal_total(), 2u);
+  EXPECT_EQ(m.executions_done(), 2u);
+  EXPECT_EQ(m.duplicates_skipped(), 0u);
+  EXPECT_TRUE(m.applied_ids().empty());
+}
+
+TEST(KernelStateMachineTest, DedupeSurvivesSnapshotAndRestore) {
+  KernelStateMachine a(3, nullptr);
+  const std::string delta =
+      WithId({KernelEntry::Type::kDelta, "e1", 1, Json::object(), "d1"}, "1:n:1");
+  const std::string side =
+      WithId({KernelEntry::Type::kSideEffect, "e1", 1, Json::object(), "%pip install x"}, "1:n:2");
+  const std::string done =
+      WithId({KernelEntry::Type::kDone, "e1", 1, Json{{"status", "ok"}}, ""}, "1:n:3");
+  a.Apply(delta);
+  a.Apply(side);
+  a.Apply(done);
+  a.Apply(done);
+  Recorder r;
+  KernelStateMachine b(3, &r);  // a replica caught up from a's snapshot
+  ASSERT_TRUE(b.Restore(a.Snapshot()).ok());
+  EXPECT_EQ(b.applied_ids(), a.applied_ids());
+  EXPECT_EQ(b.duplicates_skipped(), 1u);
+  r.events.clear();
+  // The retried copies committed after the snapshot are skipped there as on every other replica.
+  for (const auto& e : {delta, side, done}) {
+    a.Apply(e);
+    b.Apply(e);
+  }
+  EXPECT_TRUE(r.events.empty());
+  EXPECT_EQ(b.duplicates_skipped(), a.duplicates_skipped());
+  EXPECT_EQ(b.journal(), a.journal());
+  EXPECT_EQ(b.executions_done(), 1u);
+  // A snapshot without a window (an older version's) restores with an empty one.
+  KernelStateMachine old(3, nullptr);
+  old.Apply(Delta("e0", 1, "d0"));
+  KernelStateMachine c(3, nullptr);
+  ASSERT_TRUE(c.Restore(old.Snapshot()).ok());
+  EXPECT_TRUE(c.applied_ids().empty());
+}
+
+TEST(KernelStateMachineTest, WindowForgetsTheOldestIds) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  auto delta = [](size_t n) {
+    return WithId({KernelEntry::Type::kDelta, "e", 1, Json::object(), std::to_string(n)},
+                  "1:n:" + std::to_string(n));
+  };
+  const size_t kept = KernelStateMachine::kAppliedIdsKept;
+  for (size_t n = 0; n <= kept; ++n) m.Apply(delta(n));  // one more than the window holds
+  ASSERT_EQ(m.applied_ids().size(), kept);
+  EXPECT_EQ(m.applied_ids().front(), "1:n:1");
+  EXPECT_EQ(m.applied_ids().back(), "1:n:" + std::to_string(kept));
+  m.Apply(delta(1));  // still remembered
+  EXPECT_EQ(m.duplicates_skipped(), 1u);
+  m.Apply(delta(0));  // forgotten: applies again
+  EXPECT_EQ(m.duplicates_skipped(), 1u);
+  EXPECT_EQ(m.journal_total(), kept + 2);
+  EXPECT_EQ(r.events.back(), "delta e 1 0");
+  // The window of a restored machine holds the same ids and evicts in the same order.
+  KernelStateMachine b(3, nullptr);
+  ASSERT_TRUE(b.Restore(m.Snapshot()).ok());
+  EXPECT_EQ(b.applied_ids(), m.applied_ids());
+  m.Apply(delta(kept + 1));
+  b.Apply(delta(kept + 1));
+  EXPECT_EQ(b.applied_ids(), m.applied_ids());
+  b.Apply(delta(2));  // evicted from both: applies
+  EXPECT_EQ(b.duplicates_skipped(), m.duplicates_skipped());
 }
 
 // Three replicas over the fixture: every replica sees the same decisions in the same order,

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "replica/kernel_log.h"
 #include "replication/fixture_cluster.h"
 #include "replication/test_machine.h"
 
@@ -175,6 +178,153 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
     for (int t = 0; t < 500 && machines[i].size() < 21; ++t) std::this_thread::sleep_for(10ms);
     EXPECT_EQ(machines[i].size(), 21u);
     EXPECT_EQ(machines[i].commands().back(), "after-migration");
+  }
+  for (auto& rt : routers) rt.reset();
+  for (auto& n : nodes) n.reset();
+  std::filesystem::remove_all(root);
+}
+
+// One replica's KernelStateMachine, with what the log committed to it (every copy) and what the
+// state machine made of it (what a replica's engine would act on). Readable from the test.
+class KernelReplica final : public replication::StateMachine, private KernelStateMachine::Listener {
+ public:
+  void Apply(std::string_view command) override {
+    std::lock_guard lock(mu_);
+    ++committed_[std::string(command)];
+    machine_.Apply(command);
+  }
+  std::string Snapshot() override {
+    std::lock_guard lock(mu_);
+    return machine_.Snapshot();
+  }
+  Status Restore(std::string_view snapshot) override {
+    std::lock_guard lock(mu_);
+    return machine_.Restore(snapshot);
+  }
+  int Committed(const std::string& command) {
+    std::lock_guard lock(mu_);
+    auto it = committed_.find(command);
+    return it == committed_.end() ? 0 : it->second;
+  }
+  std::vector<std::string> Events() {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+  uint64_t DuplicatesSkipped() {
+    std::lock_guard lock(mu_);
+    return machine_.duplicates_skipped();
+  }
+
+ private:
+  // Listener, called from machine_.Apply with mu_ held.
+  void OnElected(const std::string& id, ReplicaId winner) override {
+    events_.push_back("elected " + id + " " + std::to_string(winner));
+  }
+  void OnAllYielded(const std::string& id) override { events_.push_back("all-yielded " + id); }
+  void OnDelta(const std::string& id, ReplicaId, const std::string& payload) override {
+    events_.push_back("delta " + id + " " + payload);
+  }
+  void OnSideEffect(const std::string& id, const std::string& statement) override {
+    events_.push_back("side-effect " + id + " " + statement);
+  }
+  void OnDone(const std::string& id, ReplicaId, const jupyter::Json&) override {
+    events_.push_back("done " + id);
+  }
+  void OnCheckpoint(uint64_t covers) override {
+    events_.push_back("checkpoint " + std::to_string(covers));
+  }
+  void OnRestored(const std::string&, const std::vector<JournalRecord>&, uint64_t) override {
+    events_.push_back("restored");
+  }
+
+  std::mutex mu_;
+  KernelStateMachine machine_{3, this};
+  std::map<std::string, int> committed_;
+  std::vector<std::string> events_;
+};
+
+// A follower forwards a cell's delta, side effect and Done; the leader commits them but its answer
+// is lost, so the follower sends the same bytes again and the leader commits them a second time.
+// Every replica's kernel state machine applies them once.
+TEST(ProposalRouterTest, RetriedForwardedProposalIsCommittedTwiceButAppliedOnce) {
+  auto root =
+      std::filesystem::temp_directory_path() / ("nbos-router-retry-" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+  std::vector<Member> members;
+  for (replication::ServerId id = 1; id <= 3; ++id) {
+    members.push_back({id, "127.0.0.1:" + std::to_string(replication::FreeLoopbackPortPair())});
+  }
+  KernelReplica replicas[3];
+  std::unique_ptr<RaftNode> nodes[3];
+  std::unique_ptr<ProposalRouter> routers[3];
+  ProposalRouterOptions lossy;
+  lossy.forward_attempt_timeout = 500ms;  // retry sooner than the default second
+  lossy.drop_forwarded_answers = 1;       // the first answer a member gets is lost
+  for (int i = 0; i < 3; ++i) {
+    replication::RaftNodeOptions o;
+    o.id = members[i].id;
+    o.address = members[i].address;
+    o.data_dir = (root / std::to_string(i)).string();
+    o.bootstrap = members;
+    auto node = RaftNode::Start(o, &replicas[i]);
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    nodes[i] = std::move(*node);
+    auto router = ProposalRouter::Start(nodes[i].get(), members[i].address, lossy);
+    ASSERT_TRUE(router.ok()) << router.status().ToString();
+    routers[i] = std::move(*router);
+  }
+  // Propose from a follower, once every member knows the same leader.
+  auto agreed_leader = [&]() -> replication::ServerId {
+    const replication::ServerId id = nodes[0]->Leader().id;
+    for (auto& n : nodes) {
+      if (n->Leader().id != id) return 0;
+    }
+    return id;
+  };
+  for (int t = 0; t < 1000 && agreed_leader() == 0; ++t) std::this_thread::sleep_for(10ms);
+  const replication::ServerId leader = agreed_leader();
+  ASSERT_NE(leader, 0u);
+  const size_t proposer = leader % 3;  // index of member leader + 1 (mod 3): a follower
+  ASSERT_NE(members[proposer].id, leader);
+
+  ProposalIds ids(members[proposer].id, "test-nonce");
+  auto entry = [&](KernelEntry::Type type, const std::string& exec_id, std::string payload) {
+    KernelEntry e{type, exec_id, members[proposer].id, jupyter::Json::object(), std::move(payload)};
+    e.id = ids.Next();
+    return EncodeKernelEntry(e);
+  };
+  const std::vector<std::string> cell{
+      entry(KernelEntry::Type::kDelta, "cell1", "x=1"),
+      entry(KernelEntry::Type::kSideEffect, "cell1", "%pip install nothing"),
+      entry(KernelEntry::Type::kDone, "cell1", "")};
+  auto committed = routers[proposer]->ProposeAll(cell, 10s);
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  EXPECT_GE(routers[proposer]->forward_retries(), 1u);
+  // Whatever was committed of the batch is in the log before this, on every member.
+  const std::string marker = entry(KernelEntry::Type::kLead, "marker", "");
+  auto marked = routers[proposer]->Propose(marker, 10s);
+  ASSERT_TRUE(marked.ok()) << marked.status().ToString();
+  const std::string elected = "elected marker " + std::to_string(members[proposer].id);
+  for (auto& replica : replicas) {
+    for (int t = 0; t < 500; ++t) {
+      auto events = replica.Events();
+      if (std::find(events.begin(), events.end(), elected) != events.end()) break;
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+
+  const int copies = replicas[0].Committed(cell[0]);
+  EXPECT_GE(copies, 2) << "the lost answer made the follower commit the cell again";
+  for (auto& replica : replicas) {
+    uint64_t extra = 0;
+    for (const auto& command : cell) {
+      EXPECT_EQ(replica.Committed(command), copies);  // the same log everywhere
+      extra += replica.Committed(command) - 1;
+    }
+    EXPECT_EQ(replica.Events(),
+              (std::vector<std::string>{"delta cell1 x=1", "side-effect cell1 %pip install nothing",
+                                        "done cell1", elected}));
+    EXPECT_EQ(replica.DuplicatesSkipped(), extra);
   }
   for (auto& rt : routers) rt.reset();
   for (auto& n : nodes) n.reset();

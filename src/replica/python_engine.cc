@@ -3,8 +3,7 @@
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
 
-#include <cassert>
-
+#include "common/check.h"
 #include "replica/nbos_engine_source.h"
 #include "replica/nbos_state_source.h"
 #include "store/blob_store.h"
@@ -115,7 +114,7 @@ struct PythonEngine::Impl {
 };
 
 Status PythonEngine::Preload(const std::vector<std::string>& modules) {
-  assert(!g_preloaded && g_host == nullptr && "Preload once, before Start");
+  NBOS_CHECK(!g_preloaded && g_host == nullptr, "Preload once, before Start");
   g_preloaded = std::make_unique<py::scoped_interpreter>(/*init_signal_handlers=*/true);
   for (const std::string& name : modules) {
     try {
@@ -128,7 +127,7 @@ Status PythonEngine::Preload(const std::vector<std::string>& modules) {
 }
 
 Status PythonEngine::ReplaceEnvironment(const std::vector<std::string>& env) {
-  assert(g_preloaded && "ReplaceEnvironment needs a preloaded interpreter");
+  NBOS_CHECK(g_preloaded, "ReplaceEnvironment needs a preloaded interpreter");
   try {
     // os.environ's own clear/update call unsetenv/putenv, so the C environment follows.
     py::dict entries;
@@ -155,7 +154,8 @@ PythonEngine::~PythonEngine() {
 
 Result<std::unique_ptr<PythonEngine>> PythonEngine::Start(EngineHost* host, std::string version,
                                                           std::string connection_file) {
-  assert(g_host == nullptr && "one PythonEngine per process");
+  // A second engine would take over g_host: the first one's output would go to the wrong kernel.
+  NBOS_CHECK(g_host == nullptr, "one PythonEngine per process");
   auto impl = std::make_unique<Impl>();
   impl->interpreter = g_preloaded
                           ? std::move(g_preloaded)

@@ -1,7 +1,6 @@
 #include "replication/raft_node.h"
 
 #include <algorithm>
-#include <cassert>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -16,6 +15,7 @@ extern "C" {
 }
 #include <uv.h>
 
+#include "common/check.h"
 #include "replication/raft_fsm.h"
 
 namespace nbos::replication {
@@ -377,7 +377,8 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
 
 void RaftNode::Close() {
   if (!impl_ || !impl_->thread.joinable()) return;
-  assert(std::this_thread::get_id() != impl_->loop_thread_id && "Close() from a callback");
+  NBOS_CHECK(std::this_thread::get_id() != impl_->loop_thread_id,
+             "Close() from a callback would join the loop thread from itself");
   Impl* p = impl_.get();
   p->Post([p] { p->BeginClose(); });
   {

@@ -209,7 +209,7 @@ TEST_F(RaftNodeTest, CloseFailsPendingWorkInsteadOfLosingCallbacks) {
   nodes_[leader]->Close();
   for (auto& f : results) {
     ASSERT_EQ(f.wait_for(5s), std::future_status::ready);
-    f.get();  // committed or failed, but answered
+    (void)f.get();  // committed or failed, but answered
   }
   auto after = ProposeSync(*nodes_[leader], "late");
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);

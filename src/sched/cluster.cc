@@ -1,8 +1,9 @@
 #include "sched/cluster.h"
 
 #include <algorithm>
-#include <cassert>
 #include <set>
+
+#include "common/check.h"
 
 namespace nbos::sched {
 
@@ -222,7 +223,7 @@ void ClusterState::Subscribe(std::string_view server_id, const Resources& reques
     server->subscribed += request;
   } else {
     server->subscribed -= request;
-    assert(server->subscribed.IsNonNegative());
+    NBOS_CHECK(server->subscribed.IsNonNegative(), "unsubscribed more than was subscribed");
   }
 }
 

@@ -1,10 +1,11 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
-#include <cassert>
 #include <limits>
 #include <type_traits>
 #include <utility>
+
+#include "common/check.h"
 
 namespace nbos::sched {
 
@@ -31,12 +32,14 @@ std::string_view EventName(const SchedulerEvent& event) {
 Scheduler::Scheduler(SchedulerOptions options)
     : options_(std::move(options)),
       ratio_(options_.max_subscription_ratio, static_cast<size_t>(options_.ratio_window)) {
-  assert(options_.max_subscription_ratio > 0 && options_.ratio_window > 0);
-  assert(options_.scaling.gpus_per_host > 0);
+  NBOS_CHECK(options_.max_subscription_ratio > 0 && options_.ratio_window > 0,
+             "scheduler options: the subscription ratio and its window must be positive");
+  NBOS_CHECK(options_.scaling.gpus_per_host > 0,
+             "scheduler options: GPUs per host must be positive");
 }
 
 SchedulerOutcome Scheduler::Apply(int64_t now_ms, const SchedulerEvent& event) {
-  assert(now_ms >= last_event_ms_ && "time must not go backwards");
+  NBOS_CHECK(now_ms >= last_event_ms_, "time must not go backwards");
   last_event_ms_ = now_ms;
   SchedulerOutcome outcome = Handle(event);
   if (outcome.status.ok()) {
@@ -90,8 +93,7 @@ SchedulerOutcome Scheduler::Handle(const SchedulerEvent& event) {
             }
             if (kernel != nullptr) {
               Status s = cluster_.SetLastExecutor(e.kernel_id, e.replica_id);
-              assert(s.ok());
-              (void)s;
+              NBOS_CHECK(s.ok(), "the kernel and its replica were found above");
             }
             return status_only(Status::Ok());
           },
@@ -156,7 +158,7 @@ TickDecision Scheduler::DoTick() {
     for (const auto& [id, a] : activity_) {
       if (a.committed_gpus > 0 || a.executor_pending) continue;
       const KernelView* kernel = cluster_.FindKernel(id);
-      assert(kernel != nullptr && "activity is kept for placed kernels only");
+      NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
       // The last cell's GPU count predicts the next one better than the request (the session's
       // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
       idle.push_back({kernel, a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus,

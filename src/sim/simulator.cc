@@ -3,13 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
 
+#include "common/check.h"
 #include "sim/random.h"
 
 namespace nbos::sim {
@@ -269,8 +269,7 @@ class Sim {
     v.server_id = h.id;
     v.spec = {c_.host_millicpus, c_.host_memory_mb, o_.gpus_per_host, 0};
     Status s = sched_.OnServerJoined(now, v);
-    assert(s.ok());
-    (void)s;
+    NBOS_CHECK(s.ok(), "a new host's id is unique");
     HostsChanged(now, +1);
     Replenish(now, idx);
     RetryWaiting(now);
@@ -279,8 +278,7 @@ class Sim {
   void Commit(int64_t now, const std::string& kernel, uint32_t replica, const std::string& server,
               int32_t gpus) {
     Status s = sched_.OnGrantCommitted(now, {kernel, replica, server, {0, 0, gpus, 0}});
-    assert(s.ok() && "the scheduler chose a server that cannot grant");
-    (void)s;
+    NBOS_CHECK(s.ok(), "the scheduler chose a server that cannot grant");
     Advance(now);
     busy_gpus_ += gpus;
   }
@@ -288,8 +286,7 @@ class Sim {
   void Release(int64_t now, const std::string& kernel, uint32_t replica, const std::string& server,
                int32_t gpus) {
     Status s = sched_.OnGrantReleased(now, {kernel, replica, server, {0, 0, gpus, 0}});
-    assert(s.ok());
-    (void)s;
+    NBOS_CHECK(s.ok(), "released a grant the scheduler did not commit");
     Advance(now);
     busy_gpus_ -= gpus;
   }
@@ -302,10 +299,9 @@ class Sim {
                                            const std::string& to) {
     const uint32_t fresh = s.next_replica_id++;
     Status st = sched_.OnReplicaAdded(now, kernel_id, fresh, to);
-    assert(st.ok());
+    NBOS_CHECK(st.ok(), "adding a replica to a placed kernel");
     st = sched_.OnReplicaRemoved(now, kernel_id, replica);
-    assert(st.ok());
-    (void)st;
+    NBOS_CHECK(st.ok(), "removing a replica of a placed kernel");
     ++result_.migrations;
     return {fresh, now + StartOn(now, to) + Lat(c_.migration_catchup_ms)};
   }
@@ -396,7 +392,7 @@ class Sim {
     req.can_scale_out = CanGrow();
     req.require_idle_gpus = o_.policy == Policy::kReservation;
     Result<sched::Placement> p = sched_.RequestPlacement(now, req);
-    assert(p.ok() && "requests are validated against the host size up front");
+    NBOS_CHECK(p.ok(), "requests are validated against the host size up front");
     if (p->scale_out_needed) {
       AskForHosts(now, i, p->hosts_needed, /*shared=*/MultiReplica());
       return false;
@@ -410,8 +406,7 @@ class Sim {
       start_ms = std::max(start_ms, StartOn(now, server));
     }
     Status st = sched_.OnKernelPlaced(now, k);
-    assert(st.ok());
-    (void)st;
+    NBOS_CHECK(st.ok(), "placing a kernel on the servers the scheduler chose");
     if (s.restore) start_ms += Lat(c_.state_restore_ms);
     s.restore = false;
     s.ready_ms = now + start_ms;
@@ -428,13 +423,12 @@ class Sim {
     if (!s.held) return;
     if (o_.policy == Policy::kReservation) {
       const sched::KernelView* k = sched_.cluster().FindKernel(s.kernel_id);
-      assert(k != nullptr && !k->replicas.empty());
+      NBOS_CHECK(k != nullptr && !k->replicas.empty(), "a held kernel is placed");
       const sched::ReplicaView r = k->replicas[0];
       Release(now, s.kernel_id, r.replica_id, r.server_id, w_.sessions[i].gpus);
     }
     Status st = sched_.OnKernelRemoved(now, s.kernel_id);
-    assert(st.ok());
-    (void)st;
+    NBOS_CHECK(st.ok(), "removing a held kernel");
     held_gpu_ms_ += static_cast<double>(now - s.held_since_ms) * w_.sessions[i].gpus;
     s.held = false;
   }
@@ -504,7 +498,7 @@ class Sim {
           if (h.state == HostState::kAlive && h.warm > 0) req.warm_servers.insert(h.id);
         }
         Result<sched::ExecutorDecision> d = sched_.RequestExecutor(now, std::move(req));
-        assert(d.ok());
+        NBOS_CHECK(d.ok(), "asking an executor for a held kernel");
         const sched::KernelView* k = sched_.cluster().FindKernel(s.kernel_id);
         if (!d->choice.candidates.empty()) {
           const uint32_t r = d->choice.candidates[0];
@@ -542,7 +536,7 @@ class Sim {
         req.can_scale_out = CanGrow();
         req.require_idle_gpus = true;
         Result<sched::Placement> p = sched_.RequestPlacement(now, std::move(req));
-        assert(p.ok());
+        NBOS_CHECK(p.ok(), "requests are validated against the host size up front");
         if (p->scale_out_needed) {
           Blame(i, Late::kPlacementWait);
           AskForHosts(now, i, p->hosts_needed, /*shared=*/false);
@@ -553,8 +547,7 @@ class Sim {
         k.request = Request(cell.gpus);
         k.replicas.push_back({kernel, 1, p->server_ids[0]});
         Status st = sched_.OnKernelPlaced(now, k);
-        assert(st.ok());
-        (void)st;
+        NBOS_CHECK(st.ok(), "placing a cell's kernel on the server the scheduler chose");
         s.exec_kernel = kernel;
         s.exec_replica = 1;
         s.exec_server = p->server_ids[0];
@@ -613,8 +606,7 @@ class Sim {
       case Policy::kNotebookOSLcp: {
         Release(now, s.exec_kernel, 1, s.exec_server, cell.gpus);
         Status st = sched_.OnKernelRemoved(now, s.exec_kernel);
-        assert(st.ok());
-        (void)st;
+        NBOS_CHECK(st.ok(), "removing a finished cell's kernel");
         // LCP returns the container to the pool; the pool policy trims it.
         Host& h = hosts_[HostIndex(s.exec_server)];
         if (o_.policy == Policy::kNotebookOSLcp && h.state == HostState::kAlive) ++h.warm;
@@ -702,7 +694,7 @@ class Sim {
       return false;
     }
     Status st = sched_.OnServerAccepting(now, id, false);
-    assert(st.ok());
+    NBOS_CHECK(st.ok(), "the scheduler picked a server it knows for release");
     std::vector<std::pair<std::string, uint32_t>> moving;
     for (const auto& [kid, k] : sched_.cluster().kernels()) {
       for (const sched::ReplicaView& r : k.replicas) {
@@ -712,7 +704,7 @@ class Sim {
     if (c_.release_max_replicas >= 0 &&
         static_cast<int64_t>(moving.size()) > c_.release_max_replicas) {
       st = sched_.OnServerAccepting(now, id, true);
-      assert(st.ok());
+      NBOS_CHECK(st.ok(), "reopening a server kept from release");
       return false;
     }
     std::vector<std::pair<std::string, std::string>> targets;  // kernel, server
@@ -730,7 +722,7 @@ class Sim {
       Result<sched::Placement> p = sched_.RequestPlacement(now, std::move(req));
       if (!p.ok() || p->scale_out_needed || p->ratio_ignored) {
         st = sched_.OnServerAccepting(now, id, true);
-        assert(st.ok());
+        NBOS_CHECK(st.ok(), "reopening a server kept from release");
         return false;
       }
       targets.emplace_back(kid, p->server_ids[0]);
@@ -742,8 +734,7 @@ class Sim {
           std::max(s.ready_ms, MoveReplica(now, s, kid, replica, targets[m].second).second);
     }
     st = sched_.OnServerLeft(now, id);
-    assert(st.ok());
-    (void)st;
+    NBOS_CHECK(st.ok(), "releasing a server emptied of replicas");
     Host& h = hosts_[HostIndex(id)];
     h.state = HostState::kReleased;
     h.released_ms = now;

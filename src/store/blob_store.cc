@@ -2,11 +2,11 @@
 
 #include <openssl/evp.h>
 
-#include <cassert>
 #include <charconv>
 #include <utility>
 #include <vector>
 
+#include "common/check.h"
 #include "common/hex.h"
 #include "store/dir_blob_store.h"
 #include "store/redis_blob_store.h"
@@ -18,7 +18,7 @@ namespace {
 // Fetched once: EVP_sha256() would make OpenSSL 3 look the implementation up on every digest.
 const EVP_MD* Sha256() {
   static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-  assert(md != nullptr && "OpenSSL has no SHA256");
+  NBOS_CHECK(md != nullptr, "OpenSSL has no SHA256");
   return md;
 }
 
@@ -142,9 +142,9 @@ Result<std::unique_ptr<BlobStore>> OpenRedis(std::string_view rest, std::string_
 std::string BlobKey(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  int ok = EVP_Digest(data.data(), data.size(), digest, &len, Sha256(), nullptr);
-  assert(ok == 1 && len == kBlobKeyLength / 2);
-  (void)ok;
+  const int ok = EVP_Digest(data.data(), data.size(), digest, &len, Sha256(), nullptr);
+  // A wrong key would file the blob under another content's name.
+  NBOS_CHECK(ok == 1 && len == kBlobKeyLength / 2, "SHA-256 digest failed");
   return HexEncode(digest, len);
 }
 
@@ -168,9 +168,8 @@ struct BlobHasher::Ctx {
 };
 
 BlobHasher::BlobHasher() : ctx_(std::make_unique<Ctx>()) {
-  int ok = ctx_->md != nullptr && EVP_DigestInit_ex(ctx_->md, Sha256(), nullptr) == 1;
-  assert(ok);
-  (void)ok;
+  const bool ok = ctx_->md != nullptr && EVP_DigestInit_ex(ctx_->md, Sha256(), nullptr) == 1;
+  NBOS_CHECK(ok, "cannot start a SHA-256 digest");
 }
 
 BlobHasher::~BlobHasher() = default;

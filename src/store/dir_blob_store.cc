@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
 #include <condition_variable>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/check.h"
 #include "store/resident_buffer.h"
 
 namespace nbos::store {
@@ -162,7 +162,9 @@ Result<std::unique_ptr<DirBlobStore>> DirBlobStore::Open(const std::filesystem::
 }
 
 std::filesystem::path DirBlobStore::PathFor(std::string_view key) const {
-  assert(IsValidBlobKey(key));
+  // Callers check keys (CheckBlobKey) first: one that is not 64 hex characters could name a path
+  // outside the store.
+  NBOS_CHECK(IsValidBlobKey(key), "blob keys are checked before they become paths");
   return root_ / key.substr(0, 2) / key;
 }
 
@@ -274,7 +276,7 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
     // Zero-fills the new segment only, and within the capacity, so `base` stays valid. The hasher
     // reads bytes below `done` and never touches the string object itself.
     data.resize(done + segment);
-    assert(data.data() == base);
+    NBOS_CHECK(data.data() == base, "the hasher thread reads the buffer in place");
     size_t got = 0;
     while (got < segment) {
       ssize_t n = ::read(fd, data.data() + done + got, segment - got);

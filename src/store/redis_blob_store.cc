@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "common/check.h"
 #include "store/resident_buffer.h"
 
 namespace nbos::store {
@@ -163,7 +163,7 @@ class RedisBlobStore::Connection {
 
   // SET name value, writing the value straight from `value`.
   Status SetBulk(std::string_view name, std::string_view value) {
-    assert(Idle());
+    NBOS_CHECK(Idle(), "a connection out of step would read one reply as another's");
     std::string head = "*3\r\n$3\r\nSET\r\n$" + std::to_string(name.size()) + "\r\n" +
                        std::string(name) + "\r\n$" + std::to_string(value.size()) + "\r\n";
     char crlf[] = "\r\n";
@@ -181,7 +181,7 @@ class RedisBlobStore::Connection {
   // missing key, else the value's length. A value longer than `max_len` is read and discarded,
   // leaving `out` as it was, so the caller can report it without losing the connection.
   Result<std::optional<size_t>> GetBulk(std::string_view name, std::string& out, size_t max_len) {
-    assert(Idle());
+    NBOS_CHECK(Idle(), "a connection out of step would read one reply as another's");
     const char* argv[] = {"GET", name.data()};
     const size_t lengths[] = {3, name.size()};
     if (redisAppendCommandArgv(ctx_, 2, argv, lengths) != REDIS_OK) return LostByHiredis();

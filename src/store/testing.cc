@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/check.h"
 #include "store/resident_buffer.h"
 
 namespace nbos::store {
@@ -90,8 +91,7 @@ ScopedTempDir::ScopedTempDir(std::string_view prefix, std::string_view parent) {
                                                      : std::string("/tmp");
   std::string pattern = dir + "/" + std::string(prefix) + ".XXXXXX";
   char* made = ::mkdtemp(pattern.data());
-  assert(made != nullptr && "mkdtemp failed");
-  (void)made;
+  NBOS_CHECK(made != nullptr, "mkdtemp failed");  // a test in a shared or missing dir means nothing
   path_ = pattern;
 }
 
@@ -131,7 +131,7 @@ Result<std::string> RedisCall(int port, const std::vector<std::string>& args, in
 
 int FreeLocalPort() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert(fd >= 0);
+  NBOS_CHECK(fd >= 0, "cannot open a socket to pick a port");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -140,8 +140,7 @@ int FreeLocalPort() {
   socklen_t len = sizeof(addr);
   rc = rc == 0 ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) : rc;
   ::close(fd);
-  assert(rc == 0);
-  (void)rc;
+  NBOS_CHECK(rc == 0, "cannot bind a loopback port");
   return ntohs(addr.sin_port);
 }
 
