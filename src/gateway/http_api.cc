@@ -85,6 +85,28 @@ class Channels final : public http::WsHandler {
   KernelSession::ClientId client_ = 0;
 };
 
+// Kernels by execution state, and their sessions' counters summed.
+struct SessionTotals {
+  std::map<std::string, int> states{{"idle", 0}, {"busy", 0}, {"starting", 0}};
+  uint64_t executions = 0, waited_for_gpus = 0, exceptions_caught = 0;
+};
+
+SessionTotals SumSessions(const std::vector<KernelRecord>& kernels) {
+  SessionTotals t;
+  for (const KernelRecord& k : kernels) {
+    if (!k.session) {
+      ++t.states["starting"];
+      continue;
+    }
+    const KernelSession::Stats s = k.session->stats();
+    ++t.states[k.session->execution_state()];
+    t.executions += s.executions;
+    t.waited_for_gpus += s.waited_for_gpus;
+    t.exceptions_caught += s.exceptions_caught;
+  }
+  return t;
+}
+
 }  // namespace
 
 HttpApi::HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels,
@@ -349,22 +371,12 @@ std::string HttpApi::Metrics() const {
   grants.Add({{"outcome", "refused"}}).Increment(static_cast<double>(c.grants_refused));
   migrations.Add({{"outcome", "done"}}).Increment(static_cast<double>(c.migrations_done));
   migrations.Add({{"outcome", "failed"}}).Increment(static_cast<double>(c.migrations_failed));
-  std::map<std::string, int> states{{"idle", 0}, {"busy", 0}, {"starting", 0}};
-  uint64_t executed = 0, waited = 0, caught = exceptions_ ? exceptions_() : 0;
-  for (const KernelRecord& k : snap.kernels) {
-    if (!k.session) {
-      ++states["starting"];
-      continue;
-    }
-    const KernelSession::Stats s = k.session->stats();
-    ++states[k.session->execution_state()];
-    executed += s.executions;
-    waited += s.waited_for_gpus;
-    caught += s.exceptions_caught;
-  }
-  for (const auto& [state, n] : states) kernels_gauge.Add({{"state", state}}).Set(n);
-  executions.Add({{"kind", "sent"}}).Increment(static_cast<double>(executed));
-  executions.Add({{"kind", "waited_for_gpus"}}).Increment(static_cast<double>(waited));
+  const SessionTotals totals = SumSessions(snap.kernels);
+  const uint64_t caught = totals.exceptions_caught + (exceptions_ ? exceptions_() : 0);
+  for (const auto& [state, n] : totals.states) kernels_gauge.Add({{"state", state}}).Set(n);
+  executions.Add({{"kind", "sent"}}).Increment(static_cast<double>(totals.executions));
+  executions.Add({{"kind", "waited_for_gpus"}})
+      .Increment(static_cast<double>(totals.waited_for_gpus));
   for (RejectClass reason : kAllRejectClasses) {
     rejected.Add({{"reason", RejectClassName(reason)}})
         .Increment(static_cast<double>(counters_->rejected_messages[static_cast<size_t>(reason)]));

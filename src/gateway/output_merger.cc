@@ -7,13 +7,19 @@ namespace {
 
 constexpr size_t kRememberedFinished = 4096;
 
+// Replicas' messages are read without trusting their field types: a field of another type
+// counts as absent.
 bool IsExecutorReply(const jupyter::Message& reply) {
   const auto it = reply.metadata.find("nbos");
-  return it != reply.metadata.end() && it->is_object() && it->value("role", "") == "executor";
+  if (it == reply.metadata.end() || !it->is_object()) return false;
+  const auto role = it->find("role");
+  return role != it->end() && role->is_string() && *role == "executor";
 }
 
 std::string ExecutionState(const jupyter::Message& m) {
-  return m.msg_type() == "status" ? m.content.value("execution_state", "") : "";
+  if (m.msg_type() != "status") return "";
+  const auto state = m.content.find("execution_state");
+  return state != m.content.end() && state->is_string() ? state->get<std::string>() : "";
 }
 
 }  // namespace
