@@ -69,10 +69,4 @@ class Gateway {
   std::unique_ptr<Impl> impl_;
 };
 
-// Per-replica resources from a kernel start request's environment: KERNEL_GPUS (whole GPUs),
-// KERNEL_CPUS (cores, fractions allowed, or millicpus with an "m" suffix), KERNEL_MEMORY (MB, or
-// with a K/M/G/Ki/Mi/Gi suffix), KERNEL_VRAM (MB). Errors: InvalidArgument naming the variable.
-Result<sched::Resources> ResourcesFromEnv(const std::map<std::string, std::string>& env,
-                                          const sched::Resources& defaults);
-
 }  // namespace nbos::gateway

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "gateway/gateway.h"
+#include "gateway/kernel_manager.h"
 
 namespace nbos::gateway {
 namespace {

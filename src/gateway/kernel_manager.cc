@@ -4,8 +4,9 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+
 #include "common/ids.h"
-#include "gateway/gateway.h"
 #include "gateway/replica_ops.h"
 #include "jupyter/connection_file.h"
 
@@ -32,7 +33,69 @@ sched::Resources ResourcesFromJson(const Json& j, const sched::Resources& defaul
           static_cast<int32_t>(field("gpus", defaults.gpus)), field("vram_mb", defaults.vram_mb)};
 }
 
+bool ParseDouble(const std::string& text, double* out) {
+  try {
+    size_t used = 0;
+    *out = std::stod(text, &used);
+    return used == text.size() && std::isfinite(*out) && *out >= 0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 }  // namespace
+
+Result<sched::Resources> ResourcesFromEnv(const std::map<std::string, std::string>& env,
+                                          const sched::Resources& defaults) {
+  sched::Resources r = defaults;
+  auto get = [&](const char* name) -> const std::string* {
+    auto it = env.find(name);
+    return it == env.end() || it->second.empty() ? nullptr : &it->second;
+  };
+  if (const std::string* v = get("KERNEL_GPUS")) {
+    double gpus;
+    if (!ParseDouble(*v, &gpus) || gpus != std::floor(gpus) || gpus > 1024) {
+      return InvalidArgument("KERNEL_GPUS must be a whole number of GPUs, not '" + *v + "'");
+    }
+    r.gpus = static_cast<int32_t>(gpus);
+  }
+  if (const std::string* v = get("KERNEL_CPUS")) {
+    double cpus;
+    const bool milli = v->back() == 'm';
+    if (!ParseDouble(milli ? v->substr(0, v->size() - 1) : *v, &cpus) || cpus > 1e6) {
+      return InvalidArgument(
+          "KERNEL_CPUS must be cores (e.g. 2 or 0.5) or millicpus (500m), not '" + *v + "'");
+    }
+    r.millicpus = static_cast<int64_t>(milli ? cpus : cpus * 1000);
+  }
+  for (const char* name : {"KERNEL_MEMORY", "KERNEL_VRAM"}) {
+    const std::string* v = get(name);
+    if (v == nullptr) continue;
+    static const std::vector<std::pair<std::string, double>> kUnits = {
+        {"Ki", 1.0 / 1024}, {"Mi", 1}, {"Gi", 1024}, {"Ti", 1024 * 1024},
+        {"K", 1.0 / 1000},  {"M", 1},  {"G", 1000},  {"T", 1000 * 1000},
+        {"KB", 1.0 / 1000}, {"MB", 1}, {"GB", 1000}, {"", 1}};
+    double mb = -1;
+    for (const auto& [suffix, factor] : kUnits) {
+      if (v->size() <= suffix.size() ||
+          v->compare(v->size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      double number;
+      if (ParseDouble(v->substr(0, v->size() - suffix.size()), &number)) {
+        mb = number * factor;
+        break;
+      }
+    }
+    if (mb < 0 || mb > 1e12) {
+      return InvalidArgument(std::string(name) +
+                             " must be megabytes, optionally with a unit (512, 4Gi), not '" + *v +
+                             "'");
+    }
+    (std::string(name) == "KERNEL_MEMORY" ? r.memory_mb : r.vram_mb) =
+        static_cast<int64_t>(std::ceil(mb));
+  }
+  return r;
+}
 
 KernelManager::KernelManager(KernelManagerOptions options, Registry* registry, MetadataStore* store,
                              Planner* planner, EdgeCounters* counters)

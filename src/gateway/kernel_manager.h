@@ -27,6 +27,12 @@ struct KernelManagerOptions {
   std::chrono::milliseconds kernel_start_timeout{60000};
 };
 
+// Per-replica resources from a kernel start request's environment: KERNEL_GPUS (whole GPUs),
+// KERNEL_CPUS (cores, fractions allowed, or millicpus with an "m" suffix), KERNEL_MEMORY (MB, or
+// with a K/M/G/Ki/Mi/Gi suffix), KERNEL_VRAM (MB). Errors: InvalidArgument naming the variable.
+Result<sched::Resources> ResourcesFromEnv(const std::map<std::string, std::string>& env,
+                                          const sched::Resources& defaults);
+
 class KernelManager {
  public:
   KernelManager(KernelManagerOptions options, Registry* registry, MetadataStore* store,
