@@ -49,28 +49,29 @@ class CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// Holds `mu` for its scope.
+// Holds `mu` for its scope. Unlock() and Lock() let go of it and take it again inside the scope
+// (a blocking call made from a locked region); the destructor releases it only if held.
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
-  ~MutexLock() RELEASE() { mu_->Unlock(); }
+  ~MutexLock() RELEASE() {
+    if (held_) mu_->Unlock();
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
- private:
-  Mutex* mu_;
-};
-
-// Releases a held `mu` for its scope (a blocking call made from inside a locked region).
-class SCOPED_CAPABILITY MutexUnlock {
- public:
-  explicit MutexUnlock(Mutex* mu) RELEASE(mu) : mu_(mu) { mu_->Unlock(); }
-  ~MutexUnlock() ACQUIRE() { mu_->Lock(); }
-  MutexUnlock(const MutexUnlock&) = delete;
-  MutexUnlock& operator=(const MutexUnlock&) = delete;
+  void Unlock() RELEASE() {
+    mu_->Unlock();
+    held_ = false;
+  }
+  void Lock() ACQUIRE() {
+    mu_->Lock();
+    held_ = true;
+  }
 
  private:
   Mutex* mu_;
+  bool held_ = true;
 };
 
 // A condition variable over Mutex. Wait* must be called with `mu` held; they return with it held.

@@ -56,10 +56,9 @@ void KeyedWorkQueue::Work() {
       std::function<void()> task = std::move(it->second.front());
       it->second.pop_front();
       uint64_t exceptions = 0;
-      {
-        MutexUnlock unlock(&mu_);
-        RunGuarded(name_, task, &exceptions);
-      }
+      lock.Unlock();
+      RunGuarded(name_, task, &exceptions);
+      lock.Lock();
       exceptions_ += exceptions;
     }
     if (stopping_ && pending_.empty()) cv_.SignalAll();

@@ -446,10 +446,10 @@ void Daemon::OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting
 }
 
 void Daemon::NudgeHeartbeat() {
-  {
-    std::lock_guard lock(reg_mu_);
-    heartbeat_now_ = true;
-  }
+  // Notified under the lock: Shutdown takes it after the last RPC handler returned, so the
+  // condition variable is never destroyed while a handler still signals it.
+  std::lock_guard lock(reg_mu_);
+  heartbeat_now_ = true;
   reg_cv_.notify_all();
 }
 
@@ -458,7 +458,10 @@ void Daemon::RegistrationLoop() {
   // should see its servers again within a couple of seconds.
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC reads "min reconnect backoff" as the minimum time a connection attempt (TCP connect and
+  // HTTP/2 handshake) is given before it is abandoned: 100 ms failed every first call on a
+  // loaded machine. 5 s, the calls' own deadline.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto channel =
       grpc::CreateCustomChannel(options_.gateway_address, grpc::InsecureChannelCredentials(), args);

@@ -78,13 +78,14 @@ struct Gateway::Impl {
     while (!stopping) {
       monitor_cv.WaitFor(&monitor_mu, std::chrono::milliseconds(500));
       if (stopping) break;
-      MutexUnlock unlock(&monitor_mu);
+      lock.Unlock();
       try {
         MonitorRound(&next_rebalance);
       } catch (const std::exception& e) {
         ++monitor_exceptions;
         spdlog::error("gateway monitor: {}", e.what());
       }
+      lock.Lock();
     }
   }
 

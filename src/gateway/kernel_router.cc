@@ -5,19 +5,14 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/overloaded.h"
+
 namespace nbos::gateway {
 namespace {
 
 using jupyter::Channel;
 using jupyter::Json;
 using jupyter::Message;
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 // Readers that never throw, whatever the replicas or clients put in a field.
 bool BoolField(const Json& obj, const char* key, bool fallback) {

@@ -25,6 +25,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/overloaded.h"
+
 namespace nbos::gateway {
 namespace {
 
@@ -179,13 +181,6 @@ std::string Join(const auto& ids) {
   for (auto id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
   return out;
 }
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 std::string DescribeEffect(const RouterEffect& effect) {
   return std::visit(

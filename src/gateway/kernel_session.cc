@@ -16,6 +16,7 @@
 #include <zmq_addon.hpp>
 
 #include "common/ids.h"
+#include "common/overloaded.h"
 #include "common/thread_annotations.h"
 #include "jupyter/websocket_codec.h"
 #include "jupyter/wire.h"
@@ -33,13 +34,6 @@ int64_t NowUs() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 constexpr Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kStdin,
                                  Channel::kIopub};
@@ -540,8 +534,10 @@ Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,
       if (!im.answered_probe.count(r)) missing.push_back(r);
     if (missing.empty()) return Status::Ok();
     if (check) {
-      MutexUnlock unlock(&im.mu);
-      if (Status s = check(); !s.ok()) return s;
+      lock.Unlock();
+      Status s = check();
+      lock.Lock();
+      if (!s.ok()) return s;
     }
     if (SteadyClock::now() >= deadline) {
       std::string names;
@@ -549,10 +545,9 @@ Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,
       return Unavailable("replica(s) " + names + " of kernel " + im.options.kernel_id +
                          " did not answer kernel_info in time");
     }
-    {
-      MutexUnlock unlock(&im.mu);
-      im.Post(RouterEvent(ProbeRequested{missing}));
-    }
+    lock.Unlock();
+    im.Post(RouterEvent(ProbeRequested{missing}));
+    lock.Lock();
     im.probe_cv.WaitUntil(&im.mu, std::min(deadline, SteadyClock::now() + std::chrono::seconds(1)));
   }
   return Unavailable("kernel " + im.options.kernel_id + " is shutting down");

@@ -4,18 +4,13 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/overloaded.h"
+
 namespace nbos::sched {
 
 namespace {
 
 using nlohmann::json;
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 constexpr std::string_view kCodeNames[] = {"ok",        "invalid_argument",   "unauthenticated",
                                            "not_found", "resource_exhausted", "unavailable",

@@ -6,19 +6,11 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/overloaded.h"
 
 namespace nbos::sched {
 
-namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
-
-}  // namespace
+namespace {}  // namespace
 
 std::string_view EventName(const SchedulerEvent& event) {
   static constexpr std::string_view kNames[] = {
