@@ -57,7 +57,7 @@ bench: bootstrap build
 
 fuzz:
 	@[ -f build-fuzz/build.ninja ] || cmake --preset fuzz
-	cmake --build build-fuzz -j$(JOBS)
+	cmake --build build-fuzz -j$(JOBS) --target wire_fuzz websocket_fuzz connection_file_fuzz router_fuzz
 	bash fuzz/run-all build-fuzz/bin $(or $(FUZZ_SECONDS),30)
 
 format:
