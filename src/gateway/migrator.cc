@@ -11,11 +11,11 @@
 
 namespace nbos::gateway {
 namespace {
-
 using jupyter::Json;
+}  // namespace
 
 // The undo actions of the steps taken, run in reverse when the scope ends before Commit().
-class Rollback {
+class Migrator::Rollback {
  public:
   Rollback() = default;
   Rollback(const Rollback&) = delete;
@@ -33,7 +33,7 @@ class Rollback {
 };
 
 // Per-step times for the log: where a slow migration spends its time.
-class StepClock {
+class Migrator::StepClock {
  public:
   void Step(const char* name) {
     const auto now = SteadyClock::now();
@@ -50,8 +50,6 @@ class StepClock {
   SteadyClock::time_point start_ = started_;
   std::string steps_;
 };
-
-}  // namespace
 
 Migrator::Migrator(Registry* registry, MetadataStore* store, MigratorOptions options)
     : registry_(registry), store_(store), options_(options) {}
@@ -84,34 +82,25 @@ void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& pla
                plan.replica_id, plan.from_server_id, *moved, plan.to_server_id, took.count());
 }
 
+// What the steps of one migration share.
+struct Migrator::Move {
+  std::string kernel_id;
+  sched::MigrationPlan plan;
+  KernelRecord kernel;  // as of the start, under the kernel's operation lock
+  std::shared_ptr<KernelSession> session;
+  std::shared_ptr<daemon::DaemonClient> to_client;
+  uint32_t new_id = 0;
+  ReplicaId via = 0;  // a live member other than the one leaving: takes the membership changes
+  StoredReplica prepared;
+};
+
 Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan) {
   std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
   if (!found) return Unavailable("the kernel is gone");
   MutexLock op(found->op_mu.get());
-  // The record as of now, under the kernel's operation lock.
-  uint32_t new_id = 0;
-  KernelRecord k;
-  if (!registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) {
-        new_id = ++r.last_replica_id;
-        k = r;
-      })) {
-    return Unavailable("the kernel is gone");
-  }
-  std::shared_ptr<KernelSession> session = k.session;
-  if (!session) return Unavailable("the kernel has no session");
-  auto to_client = registry_->Client(plan.to_server_id);
-  if (!to_client) return Unavailable("server " + plan.to_server_id + " is gone");
-  // A live member other than the one leaving takes the membership requests.
-  ReplicaId via = 0;
-  for (const StoredReplica& r : k.meta.replicas) {
-    auto live = k.replica_live.find(r.replica_id);
-    if (r.replica_id != plan.replica_id && (live == k.replica_live.end() || live->second)) {
-      via = r.replica_id;
-      break;
-    }
-  }
-  if (via == 0) return Unavailable("no live replica to change the Raft group through");
-
+  auto move = Begin(kernel_id, plan);
+  if (!move.ok()) return move.status();
+  Move& m = *move;
   StepClock clock;
   // Declared before the rollback, so that a failure's undos run while executions are still held.
   struct HoldGuard {
@@ -120,54 +109,16 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
     ~HoldGuard() {
       if (held) session->HoldExecutions(false);
     }
-  } hold{session.get()};
+  } hold{m.session.get()};
   Rollback rollback;
-  auto prepared = PrepareReplica(*to_client, k.meta, k.request, plan.to_server_id, new_id);
-  if (!prepared.ok()) return prepared.status();
-  rollback.OnFailure([&] { StopReplica(*to_client, kernel_id, new_id, plan.to_server_id); });
-  auto conn = jupyter::ParseConnectionInfo(prepared->connection_json);
-  if (!conn.ok()) return conn.status();
-  if (auto launched = to_client->LaunchReplica(LaunchRequest(k.meta, new_id, {})); !launched.ok()) {
-    return launched.status();
-  }
-  clock.Step("launch");
-  if (Status s = MembershipChange(
-          *session, via,
-          Json{{"op", "add"}, {"replica_id", new_id}, {"raft_address", prepared->raft_address}});
-      !s.ok()) {
-    return s;
-  }
-  rollback.OnFailure([&] {
-    (void)MembershipChange(*session, via, Json{{"op", "remove"}, {"replica_id", new_id}});
-  });
-  clock.Step("join");
+  if (Status s = Join(m, &clock, &rollback); !s.ok()) return s;
   // No execution may start while four replicas are linked (their election could fail), and none
   // may be running when the fourth is linked.
-  session->HoldExecutions(true);
+  m.session->HoldExecutions(true);
   hold.held = true;
-  const auto drain_deadline = SteadyClock::now() + options_.step_timeout;
-  while (ReplicaId busy = session->executing_replica()) {
-    if (busy == plan.replica_id) {
-      // A cell got GPUs on the leaving replica meanwhile: it no longer needs to move.
-      return Unavailable("replica " + std::to_string(plan.replica_id) +
-                         " started executing; migration abandoned");
-    }
-    if (SteadyClock::now() > drain_deadline) {
-      return Unavailable("an execution did not finish; migration abandoned");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (Status s = session->AddReplica({new_id, plan.to_server_id, *conn}); !s.ok()) return s;
-  rollback.OnFailure([&] { session->RemoveReplica(new_id); });
-  if (Status s = session->AwaitReplicas({new_id}, options_.step_timeout); !s.ok()) return s;
-  clock.Step("answer");
-  if (Status s =
-          MembershipChange(*session, via, Json{{"op", "remove"}, {"replica_id", plan.replica_id}});
-      !s.ok()) {
-    return s;
-  }
+  if (Status s = Switch(m, &clock, &rollback); !s.ok()) return s;
   rollback.Commit();  // the old replica left the group: from here on the move stands
-  session->RemoveReplica(plan.replica_id);
+  m.session->RemoveReplica(plan.replica_id);
   clock.Step("leave");
   spdlog::info("kernel {}: migration steps:{}", kernel_id, clock.steps());
   if (auto from_client = registry_->Client(plan.from_server_id)) {
@@ -175,12 +126,89 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
   }
   const auto took =
       std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - clock.started());
-  if (auto meta = registry_->ReplaceReplica(kernel_id, plan.replica_id, *prepared, took)) {
+  if (auto meta = registry_->ReplaceReplica(kernel_id, plan.replica_id, m.prepared, took)) {
     if (Status s = store_->Put(*meta); !s.ok()) {
       spdlog::error("kernel {}: recording the migration: {}", kernel_id, s.ToString());
     }
   }
-  return new_id;
+  return m.new_id;
+}
+
+Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
+                                       const sched::MigrationPlan& plan) {
+  Move m;
+  m.kernel_id = kernel_id;
+  m.plan = plan;
+  if (!registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) {
+        m.new_id = ++r.last_replica_id;
+        m.kernel = r;
+      })) {
+    return Unavailable("the kernel is gone");
+  }
+  m.session = m.kernel.session;
+  if (!m.session) return Unavailable("the kernel has no session");
+  m.to_client = registry_->Client(plan.to_server_id);
+  if (!m.to_client) return Unavailable("server " + plan.to_server_id + " is gone");
+  for (const StoredReplica& r : m.kernel.meta.replicas) {
+    auto live = m.kernel.replica_live.find(r.replica_id);
+    if (r.replica_id != plan.replica_id && (live == m.kernel.replica_live.end() || live->second)) {
+      m.via = r.replica_id;
+      break;
+    }
+  }
+  if (m.via == 0) return Unavailable("no live replica to change the Raft group through");
+  return m;
+}
+
+// The new replica is prepared and launched on the target and joins the Raft group.
+Status Migrator::Join(Move& m, StepClock* clock, Rollback* rollback) {
+  const KernelRecord& k = m.kernel;
+  auto prepared = PrepareReplica(*m.to_client, k.meta, k.request, m.plan.to_server_id, m.new_id);
+  if (!prepared.ok()) return prepared.status();
+  m.prepared = std::move(*prepared);
+  rollback->OnFailure(
+      [&m] { StopReplica(*m.to_client, m.kernel_id, m.new_id, m.plan.to_server_id); });
+  if (auto launched = m.to_client->LaunchReplica(LaunchRequest(k.meta, m.new_id, {}));
+      !launched.ok()) {
+    return launched.status();
+  }
+  clock->Step("launch");
+  if (Status s = MembershipChange(
+          *m.session, m.via,
+          Json{{"op", "add"}, {"replica_id", m.new_id}, {"raft_address", m.prepared.raft_address}});
+      !s.ok()) {
+    return s;
+  }
+  rollback->OnFailure([this, &m] {
+    (void)MembershipChange(*m.session, m.via, Json{{"op", "remove"}, {"replica_id", m.new_id}});
+  });
+  clock->Step("join");
+  return Status::Ok();
+}
+
+// With executions held: the new replica is linked to the session and answers, then the old one
+// leaves the Raft group.
+Status Migrator::Switch(Move& m, StepClock* clock, Rollback* rollback) {
+  const auto drain_deadline = SteadyClock::now() + options_.step_timeout;
+  while (ReplicaId busy = m.session->executing_replica()) {
+    if (busy == m.plan.replica_id) {
+      // A cell got GPUs on the leaving replica meanwhile: it no longer needs to move.
+      return Unavailable("replica " + std::to_string(m.plan.replica_id) +
+                         " started executing; migration abandoned");
+    }
+    if (SteadyClock::now() > drain_deadline) {
+      return Unavailable("an execution did not finish; migration abandoned");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto conn = jupyter::ParseConnectionInfo(m.prepared.connection_json);
+  if (!conn.ok()) return conn.status();
+  if (Status s = m.session->AddReplica({m.new_id, m.plan.to_server_id, *conn}); !s.ok()) return s;
+  rollback->OnFailure([&m] { m.session->RemoveReplica(m.new_id); });
+  if (Status s = m.session->AwaitReplicas({m.new_id}, options_.step_timeout); !s.ok()) return s;
+  clock->Step("answer");
+  return MembershipChange(*m.session, m.via,
+                          Json{{"op", "remove"}, {"replica_id", m.plan.replica_id}});
 }
 
 // One nbos_membership_request through replica `via`; its error reply as a Status.

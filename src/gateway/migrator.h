@@ -42,8 +42,14 @@ class Migrator {
   void Stop();
 
  private:
+  struct Move;
+  class Rollback;
+  class StepClock;
   void Run(const std::string& kernel_id, const sched::MigrationPlan& plan);
   Result<uint32_t> Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  Result<Move> Begin(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  Status Join(Move& m, StepClock* clock, Rollback* rollback);
+  Status Switch(Move& m, StepClock* clock, Rollback* rollback);
   Status MembershipChange(KernelSession& session, ReplicaId via, jupyter::Json request);
 
   Registry* registry_;
