@@ -15,8 +15,8 @@ plain `jupyter server`, each beside its baseline measured in the same run.
                             delay    = gateway + transit + elect  (request at the gateway ->
                                        executor starts user code)
                           Also: commit (nbos.timings_ms.commit), run, release (.replied -
-                          .releasing when reported; gateways that release after the
-                          reply do not) and the client's own round trip.
+                          .releasing when reported; 0 where the gateway releases grants
+                          after the reply) and the client's own round trip.
                           Design target (DESIGN.md §9): delay p50 <= 2 ms, p99 <= 10 ms.
   2. empty-cell overhead  round trip of `pass` (execute_request sent on the WebSocket ->
                           execute_reply AND iopub `status: idle` received) on three kernels,

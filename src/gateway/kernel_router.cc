@@ -377,10 +377,12 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   nbos["gpu_ids"] = done.plan.device_ids;
   nbos["target_replica"] = done.plan.target_replica;
   // Per-hop times (µs since the epoch): request in, executor chosen and GPUs granted, sent to
-  // the replicas, reply out. The grant is released after the reply, off its path.
+  // the replicas, release of the grant asked for (it runs after the reply, off its path; the
+  // daemon frees the GPUs no earlier), reply out.
   nbos["gateway_us"] = Json{{"received", done.received_us},
                             {"planned", done.planned_us},
                             {"sent", done.sent_us},
+                            {"releasing", now_us_},
                             {"replied", now_us_}};
   abort_after_reply_ = StringField(reply->content, "status") == "error" && done.stop_on_error;
 }
