@@ -158,6 +158,8 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
       change->done->set_value(Unavailable("kernel " + options.kernel_id + " is shutting down"));
     } else if (auto* synced = std::get_if<Synced>(&c)) {
       synced->done->set_value();
+    } else if (auto* attach = std::get_if<AttachClient>(&c); attach && attach->sink.close) {
+      attach->sink.close(1001, "kernel gone");  // attached as the kernel went away
     }
   }
 
