@@ -42,7 +42,12 @@ struct Gateway::Impl {
   std::unique_ptr<HttpApi> api;
   http::Server http;
 
-  // The monitor: expires silent servers and, with rebalancing on, ticks the scheduler.
+  // A kernel whose lost replica could not be replaced (no majority, no server) tries again after
+  // this long.
+  static constexpr std::chrono::milliseconds kReplacementRetry{2000};
+
+  // The monitor: expires silent servers, replaces lost replicas and, with rebalancing on, ticks
+  // the scheduler.
   std::thread monitor;
   Mutex monitor_mu;
   CondVar monitor_cv;
@@ -63,12 +68,17 @@ struct Gateway::Impl {
 
   void MonitorRound(SteadyClock::time_point* next_rebalance) {
     control->CheckServers();
+    for (const ReplacementPlan& r : registry->PlanReplacements(kReplacementRetry)) {
+      spdlog::warn("kernel {}: replacing lost replica {} on {} by a new one on {}", r.kernel_id,
+                   r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id);
+      migrator->Start(r.kernel_id, r.plan, "replacing a lost replica");
+    }
     if (options.rebalance_interval_ms <= 0 || SteadyClock::now() < *next_rebalance) return;
     *next_rebalance = SteadyClock::now() + std::chrono::milliseconds(options.rebalance_interval_ms);
     for (const sched::RebalancePlan& r : registry->Tick()) {
       spdlog::info("kernel {}: moving idle replica {} from {} to {} ({})", r.kernel_id,
                    r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.plan.reason);
-      migrator->Start(r.kernel_id, r.plan);
+      migrator->Start(r.kernel_id, r.plan, "rebalancing idle kernels");
     }
   }
 

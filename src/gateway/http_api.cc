@@ -6,6 +6,7 @@
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -32,6 +33,16 @@ http::Response NoContent() {
   r.status = 204;
   r.content_type.clear();
   return r;
+}
+
+// live: a group member its daemon runs; lost: its server or process is gone (it is being or will
+// be replaced); leaving: a migration replaces it; starting: no heartbeat has reported it yet;
+// joining (listed separately): the new member a migration adds.
+const char* ReplicaState(const KernelRecord& k, ReplicaId replica) {
+  if (k.migration && k.migration->leaving_replica == replica) return "leaving";
+  auto live = k.replica_live.find(replica);
+  if (live == k.replica_live.end()) return "starting";
+  return live->second ? "live" : "lost";
 }
 
 Json ResourcesJson(const sched::Resources& r) {
@@ -297,7 +308,9 @@ Json HttpApi::ClusterJson() const {
   out["cluster_subscription_ratio"] = snap.cluster_ratio;
   out["migrations"] = Json{{"done", snap.counters.migrations_done},
                            {"failed", snap.counters.migrations_failed},
-                           {"durations_ms", snap.counters.migration_ms}};
+                           {"durations_ms", snap.counters.migration_ms},
+                           {"replacements_done", snap.counters.replacements_done},
+                           {"replacement_ms", snap.counters.replacement_ms}};
   for (const KernelRecord& k : snap.kernels) {
     const ReplicaId executor = k.session ? k.session->current_executor() : 0;
     Json replicas = Json::array();
@@ -307,9 +320,29 @@ Json HttpApi::ClusterJson() const {
       replicas.push_back(Json{{"replica_id", r.replica_id},
                               {"server_id", r.server_id},
                               {"pid", known ? st->second->pid() : 0},
-                              {"state", known ? st->second->state() : "unknown"},
+                              {"state", ReplicaState(k, r.replica_id)},
+                              {"process_state", known ? st->second->state() : "unknown"},
                               {"restarts", known ? st->second->restarts() : 0},
                               {"role", r.replica_id == executor ? "executor" : "standby"}});
+    }
+    Json migration = nullptr;
+    // Listed as joining until the migration records it as a member.
+    if (k.migration && std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(),
+                                    [&](const StoredReplica& r) {
+                                      return r.replica_id == k.migration->joining_replica;
+                                    })) {
+      const MigrationInProgress& m = *k.migration;
+      migration = Json{{"leaving_replica", m.leaving_replica},
+                       {"joining_replica", m.joining_replica},
+                       {"to_server_id", m.to_server_id},
+                       {"reason", m.reason}};
+      replicas.push_back(Json{{"replica_id", m.joining_replica},
+                              {"server_id", m.to_server_id},
+                              {"pid", 0},
+                              {"state", "joining"},
+                              {"process_state", "starting"},
+                              {"restarts", 0},
+                              {"role", "standby"}});
     }
     out["kernels"].push_back(
         Json{{"id", k.meta.kernel_id},
@@ -317,7 +350,8 @@ Json HttpApi::ClusterJson() const {
              {"resources", ResourcesJson(k.request)},
              {"executor", executor},
              {"execution_state", k.session ? k.session->execution_state() : "starting"},
-             {"replicas", replicas}});
+             {"replicas", replicas},
+             {"migration", migration}});
   }
   return out;
 }

@@ -56,8 +56,11 @@ Migrator::Migrator(Registry* registry, MetadataStore* store, MigratorOptions opt
 
 Migrator::~Migrator() { Stop(); }
 
-void Migrator::Start(const std::string& kernel_id, const sched::MigrationPlan& plan) {
-  queue_.Post("migrations", [this, kernel_id, plan] { Run(kernel_id, plan); });
+void Migrator::Start(const std::string& kernel_id, const sched::MigrationPlan& plan,
+                     std::string reason) {
+  queue_.Post(kernel_id, [this, kernel_id, plan, reason = std::move(reason)] {
+    Run(kernel_id, plan, reason);
+  });
 }
 
 void Migrator::Stop() {
@@ -65,10 +68,11 @@ void Migrator::Stop() {
   queue_.Stop();
 }
 
-void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& plan,
+                   const std::string& reason) {
   const auto started = SteadyClock::now();
   Result<uint32_t> moved = stopping_ ? Result<uint32_t>(Unavailable("the gateway is stopping"))
-                                     : Migrate(kernel_id, plan);
+                                     : Migrate(kernel_id, plan, reason);
   const auto took =
       std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started);
   registry_->EndMigration(kernel_id, moved.status(), options_.failure_backoff);
@@ -94,11 +98,12 @@ struct Migrator::Move {
   StoredReplica prepared;
 };
 
-Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan) {
+Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan,
+                                   const std::string& reason) {
   std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
   if (!found) return Unavailable("the kernel is gone");
   MutexLock op(found->op_mu.get());
-  auto move = Begin(kernel_id, plan);
+  auto move = Begin(kernel_id, plan, reason);
   if (!move.ok()) return move.status();
   Move& m = *move;
   StepClock clock;
@@ -121,7 +126,10 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
   m.session->RemoveReplica(plan.replica_id);
   clock.Step("leave");
   spdlog::info("kernel {}: migration steps:{}", kernel_id, clock.steps());
-  if (auto from_client = registry_->Client(plan.from_server_id)) {
+  // A lost server is not waited for: if it comes back, its replica belongs to no kernel and is
+  // stopped as an orphan.
+  if (auto from_client = registry_->Client(plan.from_server_id);
+      from_client && registry_->ServerAlive(plan.from_server_id)) {
     StopReplica(*from_client, kernel_id, plan.replica_id, plan.from_server_id);
   }
   const auto took =
@@ -135,12 +143,14 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
 }
 
 Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
-                                       const sched::MigrationPlan& plan) {
+                                       const sched::MigrationPlan& plan,
+                                       const std::string& reason) {
   Move m;
   m.kernel_id = kernel_id;
   m.plan = plan;
   if (!registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) {
         m.new_id = ++r.last_replica_id;
+        r.migration = MigrationInProgress{plan.replica_id, m.new_id, plan.to_server_id, reason};
         m.kernel = r;
       })) {
     return Unavailable("the kernel is gone");

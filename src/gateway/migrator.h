@@ -1,6 +1,8 @@
-// Migrator: carries out the scheduler's migration plans (DESIGN §5), one at a time on its own
-// thread: each takes seconds of waiting on daemons and Raft, which must hold up neither a
-// kernel's session nor the planner.
+// Migrator: carries out the scheduler's migration plans (DESIGN §5) on its own threads: each
+// takes seconds of waiting on daemons and Raft, which must hold up neither a kernel's session
+// nor the planner. The same steps replace a lost replica (its server gone): the new member joins
+// through a live one and the lost one is removed from the group; nothing is asked of the lost
+// server.
 //
 // A migration is a sequence of steps, each registered with its undo as soon as it took effect:
 //   prepare + launch the new replica on the target   undo: stop it (and remove its data)
@@ -36,8 +38,11 @@ class Migrator {
   Migrator(Registry* registry, MetadataStore* store, MigratorOptions options = {});
   ~Migrator();
 
-  // Queues `plan` for a kernel the registry already marked migrating.
-  void Start(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  // Queues `plan` for a kernel the registry already marked migrating; `reason` is what the
+  // cluster view shows while it runs. Migrations of different kernels run in parallel (up to
+  // kParallelMigrations), those of one kernel in order.
+  void Start(const std::string& kernel_id, const sched::MigrationPlan& plan, std::string reason);
+  static constexpr int kParallelMigrations = 4;
   // Queued migrations end without starting; the one running finishes. Then joins.
   void Stop();
 
@@ -45,9 +50,12 @@ class Migrator {
   struct Move;
   class Rollback;
   class StepClock;
-  void Run(const std::string& kernel_id, const sched::MigrationPlan& plan);
-  Result<uint32_t> Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan);
-  Result<Move> Begin(const std::string& kernel_id, const sched::MigrationPlan& plan);
+  void Run(const std::string& kernel_id, const sched::MigrationPlan& plan,
+           const std::string& reason);
+  Result<uint32_t> Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan,
+                           const std::string& reason);
+  Result<Move> Begin(const std::string& kernel_id, const sched::MigrationPlan& plan,
+                     const std::string& reason);
   Status Join(Move& m, StepClock* clock, Rollback* rollback);
   Status Switch(Move& m, StepClock* clock, Rollback* rollback);
   Status MembershipChange(KernelSession& session, ReplicaId via, jupyter::Json request);
@@ -56,7 +64,7 @@ class Migrator {
   MetadataStore* store_;
   const MigratorOptions options_;
   std::atomic<bool> stopping_{false};
-  KeyedWorkQueue queue_{1, "migrator"};
+  KeyedWorkQueue queue_{kParallelMigrations, "migrator"};
 };
 
 }  // namespace nbos::gateway

@@ -38,7 +38,9 @@ Result<std::optional<ExecutionPlan>> Planner::PlanNow(const std::string& kernel_
     spdlog::warn("kernel {}: no executor: {}", kernel_id, decision.status().ToString());
     return std::optional<ExecutionPlan>();
   }
-  if (decision->migration) migrator_->Start(kernel_id, *decision->migration);
+  if (decision->migration) {
+    migrator_->Start(kernel_id, *decision->migration, "a cell needs GPUs no replica's server has");
+  }
   for (const ExecutorCandidates::Candidate& c : decision->candidates) {
     ExecutionPlan plan{c.replica, c.server_id, "", {}};
     if (want.gpus > 0) {

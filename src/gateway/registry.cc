@@ -69,6 +69,12 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
   ServerRecord& s = it->second;
   s.last_seen = SteadyClock::now();
   s.status = status;
+  if (!s.alive) {
+    spdlog::warn("server {} answers again", s.server_id);
+    if (Status st = scheduler_.OnServerAccepting(NowMs(), s.server_id, true); !st.ok()) {
+      spdlog::warn("server {}: {}", s.server_id, st.ToString());
+    }
+  }
   s.alive = true;
   out.client = s.client;
   out.orphans = FindOrphans(s);
@@ -131,6 +137,7 @@ std::vector<LivenessChange> Registry::ExpireServers(std::chrono::milliseconds ti
       for (const auto& r : k.meta.replicas) {
         if (r.server_id != id) continue;
         k.replica_live[r.replica_id] = false;
+        k.lost_since.emplace(r.replica_id, now);
         if (k.session) lost.push_back({k.session, r.replica_id, false});
       }
     }
@@ -296,8 +303,7 @@ Result<ExecutorCandidates> Registry::RequestExecutor(const std::string& kernel_i
   for (const auto& r : view->replicas)
     if (!live.count(r.replica_id)) request.excluded_replicas.insert(r.replica_id);
   if (requested) request.target_replica = requested;
-  for (const auto& [id, s] : servers_)
-    if (s.alive && s.status.warm_pool().ready() > 0) request.warm_servers.insert(id);
+  request.warm_servers = WarmServers();
   auto decision = scheduler_.RequestExecutor(NowMs(), std::move(request));
   if (!decision.ok()) return decision.status();
   view = scheduler_.cluster().FindKernel(kernel_id);  // the event may have changed the view
@@ -374,6 +380,67 @@ std::vector<sched::RebalancePlan> Registry::Tick() {
 
 // ---- migration --------------------------------------------------------------------------------
 
+std::set<std::string, std::less<>> Registry::WarmServers() const {
+  std::set<std::string, std::less<>> warm;
+  for (const auto& [id, s] : servers_)
+    if (s.alive && s.status.warm_pool().ready() > 0) warm.insert(id);
+  return warm;
+}
+
+ReplicaId Registry::LostReplica(const KernelRecord& k) const {
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto server = servers_.find(r.server_id);
+    if (server == servers_.end()) continue;  // not registered since the gateway started
+    if (!server->second.alive) return r.replica_id;
+    for (const auto& st : server->second.status.replicas()) {
+      if (st.kernel_id() == k.meta.kernel_id && st.replica_id() == r.replica_id &&
+          st.state() == "exited") {
+        return r.replica_id;
+      }
+    }
+  }
+  return 0;
+}
+
+std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::milliseconds retry) {
+  MutexLock lock(&mu_);
+  std::vector<ReplacementPlan> plans;
+  const auto now = SteadyClock::now();
+  for (auto& [id, k] : kernels_) {
+    if (!k.in_cluster || !k.session || k.migrating || now < k.migration_retry_after) continue;
+    const ReplicaId lost = LostReplica(k);
+    if (lost == 0) {
+      k.lost_since.clear();  // replicas seen lost came back
+      continue;
+    }
+    k.lost_since.emplace(lost, now);
+    size_t live = 0;
+    for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
+    if (2 * live <= k.meta.replicas.size()) {
+      k.migration_retry_after = now + retry;
+      spdlog::warn("kernel {}: {} of {} replicas live; waiting for a majority to replace one", id,
+                   live, k.meta.replicas.size());
+      continue;
+    }
+    auto plan = scheduler_.RequestReplacement(NowMs(), {id, lost, WarmServers()});
+    if (!plan.ok() || plan->scale_out_needed || plan->to_server_id.empty()) {
+      k.migration_retry_after = now + retry;
+      spdlog::warn("kernel {}: no server can take a replacement for replica {}: {}", id, lost,
+                   plan.ok() ? plan->reason : plan.status().ToString());
+      continue;
+    }
+    k.migrating = true;
+    plans.push_back({id, std::move(plan).value()});
+  }
+  return plans;
+}
+
+bool Registry::ServerAlive(const std::string& server_id) const {
+  MutexLock lock(&mu_);
+  auto s = servers_.find(server_id);
+  return s != servers_.end() && s->second.alive;
+}
+
 bool Registry::BeginMigration(const std::string& kernel_id) {
   MutexLock lock(&mu_);
   auto k = kernels_.find(kernel_id);
@@ -391,6 +458,7 @@ void Registry::EndMigration(const std::string& kernel_id, const Status& outcome,
   auto k = kernels_.find(kernel_id);
   if (k != kernels_.end()) {
     k->second.migrating = false;
+    k->second.migration.reset();
     if (!outcome.ok()) k->second.migration_retry_after = SteadyClock::now() + backoff;
   }
   if (!outcome.ok()) ++counters_.migrations_failed;
@@ -407,6 +475,15 @@ std::optional<StoredKernel> Registry::ReplaceReplica(const std::string& kernel_i
   auto it = kernels_.find(kernel_id);
   if (it == kernels_.end()) return std::nullopt;
   KernelRecord& k = it->second;
+  if (auto lost = k.lost_since.find(old_id); lost != k.lost_since.end()) {
+    ++counters_.replacements_done;
+    counters_.replacement_ms.push_back(
+        std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - lost->second)
+            .count());
+    if (counters_.replacement_ms.size() > kMigrationsRemembered)
+      counters_.replacement_ms.erase(counters_.replacement_ms.begin());
+    k.lost_since.erase(lost);
+  }
   std::erase_if(k.meta.replicas, [&](const StoredReplica& r) { return r.replica_id == old_id; });
   k.meta.replicas.push_back(replacement);
   k.replica_live.erase(old_id);

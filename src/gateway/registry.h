@@ -28,6 +28,14 @@ namespace nbos::gateway {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// A migration under way, for the cluster view: the replica it replaces and the one it adds.
+struct MigrationInProgress {
+  uint32_t leaving_replica = 0;
+  uint32_t joining_replica = 0;  // 0 until the migration has its id
+  std::string to_server_id;
+  std::string reason;  // "replacing a lost replica", "a cell needs GPUs", ...
+};
+
 struct KernelRecord {
   StoredKernel meta;
   sched::Resources request;
@@ -36,7 +44,10 @@ struct KernelRecord {
   std::shared_ptr<Mutex> op_mu = std::make_shared<Mutex>();
   bool in_cluster = false;  // part of the scheduler's view (all its servers registered)
   std::map<ReplicaId, bool> replica_live;
-  bool migrating = false;  // a migration is queued or running
+  bool migrating = false;                        // a migration is queued or running
+  std::optional<MigrationInProgress> migration;  // set while one runs
+  // When the gateway first saw each replica lost (for the time to replace it).
+  std::map<ReplicaId, SteadyClock::time_point> lost_since;
   SteadyClock::time_point migration_retry_after{};
   uint32_t last_replica_id = 0;  // replica ids are never reused within a kernel
 };
@@ -82,6 +93,15 @@ struct RegistryCounters {
   uint64_t grants_made = 0, grants_refused = 0, kernels_started = 0;
   uint64_t migrations_done = 0, migrations_failed = 0;
   std::vector<int64_t> migration_ms;  // the last 100 migrations' durations
+  uint64_t replacements_done = 0;
+  // The last 100 replacements of lost replicas: from the loss seen to the new replica answering.
+  std::vector<int64_t> replacement_ms;
+};
+
+// The scheduler's plan to replace a lost replica of a kernel (already marked migrating).
+struct ReplacementPlan {
+  std::string kernel_id;
+  sched::MigrationPlan plan;
 };
 
 // Everything the cluster view and the metrics show, copied at one moment.
@@ -155,11 +175,17 @@ class Registry {
                        const std::string& server_id, int gpus) EXCLUDES(mu_);
   // A scheduler tick; its rebalance plans whose kernels could be marked migrating.
   std::vector<sched::RebalancePlan> Tick() EXCLUDES(mu_);
+  // Kernels with a lost replica (its server missed its heartbeats, or its daemon reports it
+  // exited for good) and a live majority, not migrating and not backing off: each is marked
+  // migrating and gets the scheduler's plan to replace that replica. A kernel without a live
+  // majority, or whose plan has no target, waits (its next try backs off for `retry`).
+  std::vector<ReplacementPlan> PlanReplacements(std::chrono::milliseconds retry) EXCLUDES(mu_);
 
   // ---- migration ----
   // Marks the kernel migrating unless it already is or a failed migration backs off. False:
   // leave it.
   bool BeginMigration(const std::string& kernel_id) EXCLUDES(mu_);
+  bool ServerAlive(const std::string& server_id) const EXCLUDES(mu_);
   // Clears the mark; a failure is counted and backs off for `backoff`.
   void EndMigration(const std::string& kernel_id, const Status& outcome,
                     std::chrono::milliseconds backoff) EXCLUDES(mu_);
@@ -178,6 +204,9 @@ class Registry {
   std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
   std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
       REQUIRES(mu_);
+  // The first of the kernel's replicas that is lost; 0 when none is.
+  ReplicaId LostReplica(const KernelRecord& kernel) const REQUIRES(mu_);
+  std::set<std::string, std::less<>> WarmServers() const REQUIRES(mu_);
 
   const SteadyClock::time_point started_ = SteadyClock::now();
   mutable Mutex mu_;

@@ -126,6 +126,11 @@ json EncEvent(const SchedulerEvent& event) {
                         {"server_id", e.server_id},
                         {"resources", Enc(e.resources)}};
           },
+          [](const ReplacementRequested& e) {
+            return json{{"kernel_id", e.kernel_id},
+                        {"replica_id", e.replica_id},
+                        {"warm_servers", e.warm_servers}};
+          },
           [](const Tick&) { return json::object(); },
       },
       event);
@@ -169,6 +174,7 @@ json EncDecision(const SchedulerDecision& decision) {
                           }
                           return j;
                         },
+                        [](const MigrationPlan& m) { return Enc(m); },
                     },
                     decision);
 }
@@ -265,6 +271,11 @@ Result<SchedulerEvent> DecEvent(std::string_view name, const json& j) {
     }
     return SchedulerEvent{
         GrantReleased{std::move(kernel_id), replica_id, std::move(server_id), resources}};
+  }
+  if (name == "replacement") {
+    return SchedulerEvent{ReplacementRequested{j.at("kernel_id").get<std::string>(),
+                                               j.at("replica_id").get<uint32_t>(),
+                                               DecStringSet(j.at("warm_servers"))}};
   }
   if (name == "tick") return SchedulerEvent{Tick{}};
   return InvalidArgument("unknown event '" + std::string(name) + "'");

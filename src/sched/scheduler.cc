@@ -13,10 +13,13 @@ namespace nbos::sched {
 namespace {}  // namespace
 
 std::string_view EventName(const SchedulerEvent& event) {
-  static constexpr std::string_view kNames[] = {
-      "server_joined",   "server_updated", "server_left",   "server_accepting", "placement",
-      "kernel_placed",   "kernel_removed", "replica_added", "replica_removed",  "executor",
-      "grant_committed", "grant_released", "tick"};
+  static constexpr std::string_view kNames[] = {"server_joined",   "server_updated",
+                                                "server_left",     "server_accepting",
+                                                "placement",       "kernel_placed",
+                                                "kernel_removed",  "replica_added",
+                                                "replica_removed", "executor",
+                                                "grant_committed", "grant_released",
+                                                "replacement",     "tick"};
   static_assert(std::size(kNames) == std::variant_size_v<SchedulerEvent>);
   return kNames[event.index()];
 }
@@ -92,6 +95,7 @@ SchedulerOutcome Scheduler::Handle(const SchedulerEvent& event) {
           [&](const GrantReleased& e) {
             return status_only(cluster_.Release(e.server_id, e.resources));
           },
+          [&](const ReplacementRequested& e) { return from_result(Replace(e)); },
           [&](const Tick&) {
             return SchedulerOutcome{Status::Ok(), DoTick()};
           },
@@ -131,6 +135,20 @@ Result<ExecutorDecision> Scheduler::Execute(const ExecutorRequested& request) co
     decision.migration = std::move(plan).value();
   }
   return decision;
+}
+
+Result<MigrationPlan> Scheduler::Replace(const ReplacementRequested& request) const {
+  const KernelView* kernel = cluster_.FindKernel(request.kernel_id);
+  if (kernel == nullptr) return NotFound("no kernel '" + request.kernel_id + "'");
+  if (kernel->FindReplica(request.replica_id) == nullptr) {
+    return NotFound("kernel '" + request.kernel_id + "' has no replica " +
+                    std::to_string(request.replica_id));
+  }
+  std::set<uint32_t> fixed;
+  for (const ReplicaView& r : kernel->replicas) {
+    if (r.replica_id != request.replica_id) fixed.insert(r.replica_id);
+  }
+  return ChooseMigration(cluster_, *kernel, 0, request.warm_servers, fixed, options_.pack_gpus);
 }
 
 TickDecision Scheduler::DoTick() {
@@ -252,6 +270,11 @@ Status Scheduler::OnGrantCommitted(int64_t now_ms, GrantCommitted grant) {
 }
 Status Scheduler::OnGrantReleased(int64_t now_ms, GrantReleased grant) {
   return Apply(now_ms, std::move(grant)).status;
+}
+Result<MigrationPlan> Scheduler::RequestReplacement(int64_t now_ms, ReplacementRequested request) {
+  SchedulerOutcome out = Apply(now_ms, std::move(request));
+  if (!out.status.ok()) return out.status;
+  return std::get<MigrationPlan>(std::move(out.decision));
 }
 TickDecision Scheduler::OnTick(int64_t now_ms) {
   return std::get<TickDecision>(Apply(now_ms, Tick{}).decision);

@@ -118,13 +118,23 @@ struct GrantReleased {
   Resources resources;
 };
 
+// A replica is lost (its server missed its heartbeats, or its daemon gave up restarting it) and
+// needs a replacement: decided as a migration of that replica (ChooseMigration with 0 GPUs and
+// every other replica fixed), so the target holds no replica of the kernel and fits its
+// subscription; with no such server, the plan says scale_out_needed.
+struct ReplacementRequested {
+  std::string kernel_id;
+  uint32_t replica_id = 0;
+  std::set<std::string, std::less<>> warm_servers;
+};
+
 // Periodic: sample SR_c; with auto_scaling, decide scaling.
 struct Tick {};
 
 using SchedulerEvent =
     std::variant<ServerJoined, ServerUpdated, ServerLeft, ServerAcceptingChanged,
                  PlacementRequested, KernelPlaced, KernelRemoved, ReplicaAdded, ReplicaRemoved,
-                 ExecutorRequested, GrantCommitted, GrantReleased, Tick>;
+                 ExecutorRequested, GrantCommitted, GrantReleased, ReplacementRequested, Tick>;
 
 // Short name of the event's type ("server_joined", ...), the journal's "event" field.
 std::string_view EventName(const SchedulerEvent& event);
@@ -155,7 +165,8 @@ struct TickDecision {
 };
 
 // What an event produced. Mutations give std::monostate (or an error Status).
-using SchedulerDecision = std::variant<std::monostate, Placement, ExecutorDecision, TickDecision>;
+using SchedulerDecision =
+    std::variant<std::monostate, Placement, ExecutorDecision, TickDecision, MigrationPlan>;
 
 struct SchedulerOutcome {
   Status status;               // not ok: the event was rejected and changed nothing
@@ -201,6 +212,8 @@ class Scheduler {
   Result<ExecutorDecision> RequestExecutor(int64_t now_ms, ExecutorRequested request);
   Status OnGrantCommitted(int64_t now_ms, GrantCommitted grant);
   Status OnGrantReleased(int64_t now_ms, GrantReleased grant);
+  // Errors: NotFound (kernel or replica), ChooseMigration's InvalidArgument.
+  Result<MigrationPlan> RequestReplacement(int64_t now_ms, ReplacementRequested request);
   TickDecision OnTick(int64_t now_ms);
 
   const ClusterState& cluster() const { return cluster_; }
@@ -212,6 +225,7 @@ class Scheduler {
   SchedulerOutcome Handle(const SchedulerEvent& event);
   Result<Placement> Place(const PlacementRequested& request) const;
   Result<ExecutorDecision> Execute(const ExecutorRequested& request) const;
+  Result<MigrationPlan> Replace(const ReplacementRequested& request) const;
   TickDecision DoTick();
   // Bookkeeping for rebalancing, from events that the cluster view does not keep.
   void NoteEvent(const SchedulerEvent& event);

@@ -81,6 +81,38 @@ TEST(SchedulerTest, ExecutorPrefersLastExecutorThenMigrates) {
   EXPECT_FALSE(d->migration->scale_out_needed);
 }
 
+TEST(SchedulerTest, LostReplicaIsReplacedOnAServerWithoutAReplicaOfTheKernel) {
+  Scheduler s = WithServers(5);
+  ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(2), {"s0", "s1", "s2"})).ok());
+  ASSERT_TRUE(s.OnServerAccepting(1, "s1", false).ok());
+  // s3 is fuller (higher SR_h) than s4, so the replacement goes to s4 unless s3 is warm.
+  ASSERT_TRUE(s.OnKernelPlaced(1, test::Kernel("other", Req(4), {"s3"})).ok());
+  auto plan = s.RequestReplacement(2, {.kernel_id = "k", .replica_id = 2});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->replica_id, 2u);
+  EXPECT_EQ(plan->from_server_id, "s1");
+  EXPECT_EQ(plan->to_server_id, "s4");
+  EXPECT_FALSE(plan->scale_out_needed);
+  plan = s.RequestReplacement(3, {.kernel_id = "k", .replica_id = 2, .warm_servers = {"s3"}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->to_server_id, "s3");
+  EXPECT_TRUE(plan->target_warm);
+  EXPECT_EQ(s.RequestReplacement(4, {.kernel_id = "k", .replica_id = 9}).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(s.RequestReplacement(4, {.kernel_id = "x", .replica_id = 1}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(SchedulerTest, ReplacementWithNoFreeServerAsksForScaleOut) {
+  Scheduler s = WithServers(3);
+  ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(2), {"s0", "s1", "s2"})).ok());
+  ASSERT_TRUE(s.OnServerAccepting(1, "s2", false).ok());
+  auto plan = s.RequestReplacement(2, {.kernel_id = "k", .replica_id = 3});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->scale_out_needed);
+  EXPECT_EQ(plan->replica_id, 3u);
+}
+
 TEST(SchedulerTest, RejectedGrantChangesNothing) {
   Scheduler s = WithServers(3);
   ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(1), {"s0", "s1", "s2"})).ok());
@@ -248,9 +280,10 @@ std::string RecordedJournal() {
   EXPECT_TRUE(s.OnReplicaAdded(32000, "k", 4, "s3").ok());
   EXPECT_TRUE(s.OnReplicaRemoved(32000, "k", 1).ok());
   EXPECT_TRUE(s.OnServerAccepting(33000, "s0", false).ok());
+  EXPECT_TRUE(s.RequestReplacement(33500, {.kernel_id = "k", .replica_id = 4}).ok());
   EXPECT_TRUE(s.OnKernelRemoved(34000, "k").ok());
   EXPECT_TRUE(s.OnServerLeft(35000, "s0").ok());
-  EXPECT_EQ(journal.records(), 17);
+  EXPECT_EQ(journal.records(), 18);
   return out.str();
 }
 
@@ -259,7 +292,7 @@ TEST(JournalTest, RecordsReplayIdentically) {
   auto report = ReplayJournal(in);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->matched) << report->mismatch;
-  EXPECT_EQ(report->records, 17);
+  EXPECT_EQ(report->records, 18);
 }
 
 TEST(JournalTest, EveryRecordRoundTrips) {

@@ -1,6 +1,7 @@
 """Helpers of the gateway suites: an `nbos up` cluster, a `jupyter server --gateway-url` in front
 of it, REST calls, and a notebook runner that speaks the Jupyter WebSocket protocol."""
 
+import contextlib
 import json
 import os
 import re
@@ -298,3 +299,110 @@ def _outputs(iopub, displays):
             displays.setdefault(display_id, []).append(out)
         outputs.append(out)
     return outputs
+
+
+class Processes:
+    def __init__(self):
+        self.procs = []
+        self.root = tempfile.mkdtemp(prefix="nbos-faults-")
+
+    def start(self, name, *args):
+        log = open(os.path.join(self.root, f"{name}.log"), "w")
+        p = subprocess.Popen([nbos_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class SplitCluster:
+    """A gateway and `hosts` daemons (1 virtual GPU each) started one by one, so that a test can
+    kill, freeze or restart any of them; `dead_store_host` (a host number or None) gets a blob
+    store nothing listens on."""
+
+    def __init__(self, dead_store_host=None, hosts=3):
+        self.hosts = hosts
+        self.daemons = {}
+        self.ps = Processes()
+        self.token = "faults-token"
+        self.control = f"127.0.0.1:{free_port()}"
+        self.port = free_port()
+        self.gateway = self.start_gateway()
+        dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+        self.stores = {i: dead_store if i == dead_store_host else f"dir://{self.ps.root}/blobs"
+                       for i in range(1, hosts + 1)}
+        for i in range(1, hosts + 1):
+            self.start_daemon(i)
+        self.wait_servers()
+
+    def start_daemon(self, i):
+        self.daemons[i] = self.ps.start(
+            f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway", self.control,
+            "--gpus", "1", "--virtual-gpus", "--state-dir", f"{self.ps.root}/host-{i}",
+            "--blob-store", self.stores[i], "--replica-ports",
+            f"{21000 + 500 * i}-{21499 + 500 * i}")
+
+    def host_replicas(self, i):
+        """Pids of the replica processes that host-`i`'s daemon started."""
+        return [int(p) for p in os.listdir("/proc")
+                if p.isdigit() and is_replica_of(p, f"{self.ps.root}/host-{i}/")]
+
+    def kill_host(self, i):
+        """The whole server goes down: its daemon and its replicas, killed at once."""
+        d = self.daemons.pop(i)
+        victims = [d.pid] + self.host_replicas(i)
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        d.wait()
+        self.ps.procs.remove(d)
+
+    def start_gateway(self):
+        gw = self.ps.start("gateway", "gateway", "--port", str(self.port), "--control-address",
+                           self.control, "--state-dir", f"{self.ps.root}/gateway", "--token",
+                           self.token)
+        m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
+        assert m
+        self.url = m.group(1)
+        return gw
+
+    def wait_servers(self):
+        deadline = time.time() + 60
+        while True:
+            status, body = rest_call(self.url, self.token, "GET", "/api/nbos/cluster")
+            if status == 200 and len(body["servers"]) == self.hosts:
+                return
+            assert time.time() < deadline, "daemons did not register"
+            time.sleep(0.1)
+
+    def kill_gateway(self):
+        self.gateway.kill()
+        self.gateway.wait()
+        self.ps.procs.remove(self.gateway)
+
+    def replicas(self):
+        return [p for p in os.listdir("/proc") if p.isdigit() and is_replica_of(p, self.ps.root)]
+
+    def wait_no_replicas(self, timeout=30):
+        deadline = time.time() + timeout
+        while self.replicas():
+            assert time.time() < deadline, f"replica processes left: {self.replicas()}"
+            time.sleep(0.2)
+
+
+def is_replica_of(pid, root):
+    """Whether `pid` is an `nbos replica` process with `root` in its command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1] == "replica" and any(root in a for a in argv)

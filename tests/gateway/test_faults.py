@@ -5,90 +5,12 @@ deleted while their daemons were not registered, or lost from the gateway's data
 stopped."""
 
 import os
-import re
-import signal
 import sqlite3
-import subprocess
-import tempfile
 import time
 
 import pytest
 
-from cluster import free_port, nbos_bin, rest_call
-
-
-class Processes:
-    def __init__(self):
-        self.procs = []
-        self.root = tempfile.mkdtemp(prefix="nbos-faults-")
-
-    def start(self, name, *args):
-        log = open(os.path.join(self.root, f"{name}.log"), "w")
-        p = subprocess.Popen([nbos_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True)
-        self.procs.append(p)
-        return p
-
-    def stop(self):
-        for p in reversed(self.procs):
-            p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-class SplitCluster:
-    """A gateway and three daemons started one by one; `dead_store_host` (1-3 or None) gets a
-    blob store nothing listens on."""
-
-    def __init__(self, dead_store_host=None):
-        self.ps = Processes()
-        self.token = "faults-token"
-        self.control = f"127.0.0.1:{free_port()}"
-        self.port = free_port()
-        self.gateway = self.start_gateway()
-        dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-        for i in (1, 2, 3):
-            store = dead_store if i == dead_store_host else f"dir://{self.ps.root}/blobs"
-            self.ps.start(f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway",
-                          self.control, "--gpus", "1", "--virtual-gpus", "--state-dir",
-                          f"{self.ps.root}/host-{i}", "--blob-store", store,
-                          "--replica-ports", f"{21000 + 500 * i}-{21499 + 500 * i}")
-        self.wait_servers()
-
-    def start_gateway(self):
-        gw = self.ps.start("gateway", "gateway", "--port", str(self.port), "--control-address",
-                           self.control, "--state-dir", f"{self.ps.root}/gateway", "--token",
-                           self.token)
-        m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
-        assert m
-        self.url = m.group(1)
-        return gw
-
-    def wait_servers(self):
-        deadline = time.time() + 60
-        while True:
-            status, body = rest_call(self.url, self.token, "GET", "/api/nbos/cluster")
-            if status == 200 and len(body["servers"]) == 3:
-                return
-            assert time.time() < deadline, "daemons did not register"
-            time.sleep(0.1)
-
-    def kill_gateway(self):
-        self.gateway.kill()
-        self.gateway.wait()
-        self.ps.procs.remove(self.gateway)
-
-    def replicas(self):
-        return [p for p in os.listdir("/proc") if p.isdigit() and _is_replica_of(p, self.ps.root)]
-
-    def wait_no_replicas(self, timeout=30):
-        deadline = time.time() + timeout
-        while self.replicas():
-            assert time.time() < deadline, f"replica processes left: {self.replicas()}"
-            time.sleep(0.2)
+from cluster import SplitCluster, is_replica_of, rest_call
 
 
 @pytest.fixture
@@ -155,19 +77,10 @@ def test_a_replica_that_cannot_start_fails_the_kernel_start_quickly(split_cluste
     assert body["kernels"] == [], "a failed start leaves no kernel behind"
     for server in body["servers"]:
         assert server["gpus_committed"] == 0
-    replicas = [p for p in os.listdir("/proc") if p.isdigit() and _is_replica_of(p, ps.root)]
+    replicas = [p for p in os.listdir("/proc") if p.isdigit() and is_replica_of(p, ps.root)]
     deadline = time.time() + 20
     while replicas:
         assert time.time() < deadline, f"replica processes left: {replicas}"
         time.sleep(0.2)
-        replicas = [p for p in replicas if _is_replica_of(p, ps.root)]
+        replicas = [p for p in replicas if is_replica_of(p, ps.root)]
     assert rest_call(url, token, "GET", "/api/kernels")[0] == 200
-
-
-def _is_replica_of(pid, root):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return False
-    return len(argv) > 1 and argv[1] == "replica" and any(root in a for a in argv)

@@ -13,8 +13,9 @@ HOSTS = 4
 
 
 def replicas_of(c, kernel_id):
+    """The kernel's group members by id (a replica a migration is still adding is left out)."""
     kernel = next(k for k in c.get("/api/nbos/cluster")["kernels"] if k["id"] == kernel_id)
-    return {r["replica_id"]: r for r in kernel["replicas"]}
+    return {r["replica_id"]: r for r in kernel["replicas"] if r["state"] != "joining"}
 
 
 def occupy(c, servers, kernels, busy):

@@ -1,0 +1,138 @@
+"""Self-healing (DESIGN.md §5): a server that is lost for good (daemon and replicas killed, kept
+down) has its kernels' replicas replaced through the migration path, with no client action; the
+kernel keeps its state on every replica. With no server left to take a replacement the kernel
+goes on with its live majority, and when the lost server comes back its stale replica is stopped
+and the kernel is whole again."""
+
+import hashlib
+import os
+import time
+
+import pytest
+
+from cluster import KernelSocket, SplitCluster, rest_call
+
+HOSTS = 4
+STATE = ("import numpy as np, torch\n"
+         "a = np.arange(1_000_000, dtype=np.float64) * 3\n"
+         "t = torch.arange(100_000, dtype=torch.float32)\n"
+         "words = ['heal'] * 5\n")
+DIGEST = ("import hashlib as _h\n"
+          "print(_h.sha256(a.tobytes() + t.numpy().tobytes() + ','.join(words).encode())"
+          ".hexdigest(), end='')")
+
+
+@pytest.fixture
+def cluster():
+    c = SplitCluster(hosts=HOSTS)
+    yield c
+    c.ps.stop()
+
+
+def kernel_view(c, kernel_id):
+    status, body = rest_call(c.url, c.token, "GET", "/api/nbos/cluster")
+    assert status == 200, body
+    return next(k for k in body["kernels"] if k["id"] == kernel_id), body
+
+
+def wait_whole(c, kernel_id, avoid, seen_states, timeout=90):
+    """Waits until the kernel has three live replicas on servers not in `avoid`; collects the
+    replica states seen meanwhile in `seen_states`. Returns the replicas by id."""
+    deadline = time.time() + timeout
+    while True:
+        kernel, _ = kernel_view(c, kernel_id)
+        replicas = {r["replica_id"]: r for r in kernel["replicas"]}
+        seen_states.update(r["state"] for r in replicas.values())
+        if (len(replicas) == 3 and all(r["state"] == "live" for r in replicas.values())
+                and not {r["server_id"] for r in replicas.values()} & avoid):
+            return replicas
+        assert time.time() < deadline, f"the kernel did not heal: {kernel}"
+        time.sleep(0.1)
+
+
+def digests_by_replica(ks, replicas):
+    out = {}
+    for rid in sorted(replicas):
+        reply, iopub = ks.execute(DIGEST, metadata={"nbos": {"target_replica": rid}})
+        assert reply["content"]["status"] == "ok", (rid, reply["content"])
+        assert reply["metadata"]["nbos"]["executor"] == rid
+        out[rid] = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    return out
+
+
+def expected_digest():
+    import numpy as np
+    a = (np.arange(1_000_000, dtype=np.float64) * 3).tobytes()
+    t = np.arange(100_000, dtype=np.float32).tobytes()
+    return hashlib.sha256(a + t + b"heal,heal,heal,heal,heal").hexdigest()
+
+
+def test_lost_servers_replicas_are_replaced_and_the_kernel_keeps_its_state(cluster):
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute(STATE)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    kernel, _ = kernel_view(c, kid)
+    first = {r["server_id"]: r["replica_id"] for r in kernel["replicas"]}
+    assert len(first) == 3
+
+    # One server is lost for good: a new replica takes its place on the spare server.
+    lost1 = sorted(first)[0]
+    c.kill_host(int(lost1.split("-")[1]))
+    killed_at = time.time()
+    seen = set()
+    healed = wait_whole(c, kid, {lost1}, seen)
+    took_s = time.time() - killed_at
+    assert "lost" in seen or "leaving" in seen, seen
+    assert first[lost1] not in healed, "the lost replica was replaced"
+    _, view = kernel_view(c, kid)
+    print(f"server killed -> three live replicas: {took_s:.1f} s, of which loss seen -> "
+          f"replaced: {view['migrations']['replacement_ms']} ms")
+    assert view["migrations"]["replacements_done"] == 1, view["migrations"]
+    assert len(view["migrations"]["replacement_ms"]) == 1
+    digests = digests_by_replica(ks, healed)
+    assert set(digests.values()) == {expected_digest()}, digests
+
+    # A second server is lost; no server is left to take a replacement, so the kernel runs on
+    # its live majority and says what it waits for in the view.
+    lost2 = next(r["server_id"] for r in healed.values())
+    c.kill_host(int(lost2.split("-")[1]))
+    deadline = time.time() + 30
+    while True:
+        kernel, _ = kernel_view(c, kid)
+        states = {r["server_id"]: r["state"] for r in kernel["replicas"]}
+        if states.get(lost2) == "lost":
+            break
+        assert time.time() < deadline, kernel
+        time.sleep(0.1)
+    reply, iopub = ks.execute("b = float(a.sum())\nprint(b, end='')")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    assert text == str(float(3 * (999_999 * 1_000_000 // 2))), text
+
+    # The first server comes back with its stale replica: that replica is stopped (it left the
+    # group), and the kernel gets its third replica on the returning server.
+    c.start_daemon(int(lost1.split("-")[1]))
+    healed2 = wait_whole(c, kid, {lost2}, seen)
+    stale = first[lost1]
+    deadline = time.time() + 30
+    while any(_replica_dir(pid) == f"{kid}-{stale}"
+              for pid in c.host_replicas(int(lost1.split("-")[1]))):
+        assert time.time() < deadline, "the stale replica still runs"
+        time.sleep(0.2)
+    assert stale not in healed2
+    digests = digests_by_replica(ks, healed2)
+    assert set(digests.values()) == {expected_digest()}, digests
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
+
+
+def _replica_dir(pid):
+    """The replica directory name (<kernel>-<replica>) a replica process runs in, or ''."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return ""
