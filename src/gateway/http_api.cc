@@ -327,10 +327,10 @@ Json HttpApi::ClusterJson() const {
     }
     Json migration = nullptr;
     // Listed as joining until the migration records it as a member.
-    if (k.migration && std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(),
-                                    [&](const StoredReplica& r) {
-                                      return r.replica_id == k.migration->joining_replica;
-                                    })) {
+    if (k.migration &&
+        std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(), [&](const StoredReplica& r) {
+          return r.replica_id == k.migration->joining_replica;
+        })) {
       const MigrationInProgress& m = *k.migration;
       migration = Json{{"leaving_replica", m.leaving_replica},
                        {"joining_replica", m.joining_replica},

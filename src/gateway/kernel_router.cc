@@ -263,8 +263,12 @@ void KernelRouter::Pump(Effects* out) {
   while (!shell_queue_.empty()) {
     Queued& head = shell_queue_.front();
     const std::set<ReplicaId> live = live_replicas();
-    if (live.empty()) return;
     const std::string type = head.request.msg_type();
+    if (type == "execute_request" && 2 * live.size() <= replicas_.size() && !in_flight_) {
+      FailWithoutQuorum(live.size(), out);
+      continue;
+    }
+    if (live.empty()) return;
     if (type != "execute_request") {
       const ReplicaId to = live.count(merger_.primary()) ? merger_.primary() : *live.begin();
       if (ExpectsReply(type)) merger_.Expect(head.request.msg_id(), {to});
@@ -319,8 +323,9 @@ void KernelRouter::OnPlanDone(PlanDone& done, Effects* out) {
     out->push_back(TimerWanted{planning_.timer_id, options_.replan_interval_ms});
     return;
   }
-  if (held_ || !IsLive(plan->target_replica)) {
-    // Planned for a replica that is gone, or while a migration holds executions: plan again.
+  if (held_ || !IsLive(plan->target_replica) || 2 * live_replicas().size() <= replicas_.size()) {
+    // Planned for a replica that is gone, or while a migration holds executions, or the majority
+    // was lost meanwhile: plan again (or fail the cell, without a majority).
     if (has_grant) out->push_back(GrantReleaseWanted{*plan});
     Pump(out);
     return;
@@ -406,6 +411,24 @@ void KernelRouter::AbortQueuedExecutions(Effects* out) {
               factory_.Make("status", Json{{"execution_state", "idle"}}, q.request.header), out);
   }
   shell_queue_ = std::move(kept);
+}
+
+// Without a live majority no replica can commit a cell, so the cell would wait for as long as the
+// replicas stay away. It is answered now instead, and the queue goes on (a later cell runs once a
+// majority is back or replaced). stop_on_error does not apply: this cell did not run.
+void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
+  Queued head = std::move(shell_queue_.front());
+  shell_queue_.pop_front();
+  reply_to_.erase(head.request.msg_id());
+  const size_t members = replicas_.size();
+  ++stats_.failed_without_quorum;
+  AnswerWithError(
+      head.client, Channel::kShell, head.request, "ReplicasUnavailable",
+      fmt::format("{} of {} replicas of this kernel are unreachable, so it cannot run a "
+                  "cell now; nbos is replacing them (or waiting for their servers to "
+                  "return). The cell did not run: run it again in a moment",
+                  members - live, members),
+      out);
 }
 
 void KernelRouter::CancelWaitingExecution(Effects* out) {

@@ -33,6 +33,10 @@
 // - Replica loss: what the lost replica owed is settled by the merger; if it was executing, the
 //   standbys get nbos_cancel_request (they answer with the last committed state); with no live
 //   replica left the cell is answered with ExecutorLost. A loss during planning re-plans.
+// - No live majority of the linked replicas (no replica could commit a cell): an execute_request
+//   at the head of the queue is answered at once with ReplicasUnavailable (how many are
+//   unreachable, what nbos does about it) instead of waiting; later ones run once a majority is
+//   back. Other shell requests still go to a live replica (they commit nothing).
 // - Probes (kernel_info to chosen replicas) and control calls (the migrator's membership
 //   requests) are answered with ProbeAnswered / ControlCallAnswered; a call to a replica that is
 //   not live, or lost before it answered, or still open at Close, is answered with an error.
@@ -213,9 +217,10 @@ class KernelRouter {
   std::vector<RouterEffect> Apply(int64_t now_us, RouterEvent event);
 
   struct Stats {
-    uint64_t executions = 0;       // sent to the replicas
-    uint64_t waited_for_gpus = 0;  // executions that could not be planned at once
-    uint64_t rejected = 0;         // client inputs refused
+    uint64_t executions = 0;             // sent to the replicas
+    uint64_t waited_for_gpus = 0;        // executions that could not be planned at once
+    uint64_t rejected = 0;               // client inputs refused
+    uint64_t failed_without_quorum = 0;  // executions answered at once: no live majority
   };
   const Stats& stats() const { return stats_; }
   // "busy" while a shell request is queued or an execution in flight, else "idle".
@@ -266,6 +271,7 @@ class KernelRouter {
 
   void Pump(Effects* out);
   void CancelWaitingExecution(Effects* out);
+  void FailWithoutQuorum(size_t live, Effects* out);
   void StartExecution(const ExecutionPlan& plan, Effects* out);
   void FinishExecution(jupyter::Message* reply, Effects* out);
   void AbortQueuedExecutions(Effects* out);

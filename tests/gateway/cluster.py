@@ -314,6 +314,8 @@ class Processes:
 
     def stop(self):
         for p in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGCONT)  # a frozen process cannot act on SIGTERM
             p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
@@ -354,6 +356,12 @@ class SplitCluster:
         """Pids of the replica processes that host-`i`'s daemon started."""
         return [int(p) for p in os.listdir("/proc")
                 if p.isdigit() and is_replica_of(p, f"{self.ps.root}/host-{i}/")]
+
+    def signal_host(self, i, sig):
+        """Sends `sig` to host-`i`'s daemon and its replicas (SIGSTOP: the server freezes)."""
+        for pid in [self.daemons[i].pid] + self.host_replicas(i):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def kill_host(self, i):
         """The whole server goes down: its daemon and its replicas, killed at once."""

@@ -6,6 +6,7 @@ and the kernel is whole again."""
 
 import hashlib
 import os
+import signal
 import time
 
 import pytest
@@ -136,3 +137,47 @@ def _replica_dir(pid):
         return os.path.basename(os.readlink(f"/proc/{pid}/cwd"))
     except OSError:
         return ""
+
+
+def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster):
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 41")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    kernel, _ = kernel_view(c, kid)
+    frozen = sorted(int(r["server_id"].split("-")[1]) for r in kernel["replicas"])[:2]
+    try:
+        for i in frozen:
+            c.signal_host(i, signal.SIGSTOP)
+        deadline = time.time() + 30
+        while sum(r["state"] == "lost" for r in kernel_view(c, kid)[0]["replicas"]) < 2:
+            assert time.time() < deadline, kernel_view(c, kid)[0]
+            time.sleep(0.1)
+        # Two of three replicas are gone: no cell can commit, and the client is told so at once
+        # instead of waiting for the servers.
+        sent = time.time()
+        reply, iopub = ks.execute("x += 1")
+        print(f"answer without a majority: {time.time() - sent:.2f} s")
+        assert reply["content"]["status"] == "error", reply["content"]
+        assert reply["content"]["ename"] == "ReplicasUnavailable", reply["content"]
+        assert "2 of 3 replicas" in reply["content"]["evalue"], reply["content"]
+        assert any(m["msg_type"] == "error" for m in iopub)
+    finally:
+        for i in frozen:
+            c.signal_host(i, signal.SIGCONT)
+    seen = set()
+    wait_whole(c, kid, set(), seen)
+    # The cell that was refused did not run: x is still 41, on every replica.
+    reply, iopub = ks.execute("x += 1\nprint(x, end='')")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    assert text == "42", text
+    for rid in sorted(r["replica_id"] for r in kernel_view(c, kid)[0]["replicas"]):
+        reply, iopub = ks.execute("print(x, end='')", metadata={"nbos": {"target_replica": rid}})
+        assert reply["content"]["status"] == "ok", (rid, reply["content"])
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "42", (rid, text)
+    ks.close()
