@@ -69,9 +69,9 @@ struct Gateway::Impl {
   void MonitorRound(SteadyClock::time_point* next_rebalance) {
     control->CheckServers();
     for (const ReplacementPlan& r : registry->PlanReplacements(kReplacementRetry)) {
-      spdlog::warn("kernel {}: replacing lost replica {} on {} by a new one on {}", r.kernel_id,
-                   r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id);
-      migrator->Start(r.kernel_id, r.plan, "replacing a lost replica");
+      spdlog::warn("kernel {}: moving replica {} from {} to {} ({})", r.kernel_id,
+                   r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.reason);
+      migrator->Start(r.kernel_id, r.plan, r.reason);
     }
     if (options.rebalance_interval_ms <= 0 || SteadyClock::now() < *next_rebalance) return;
     *next_rebalance = SteadyClock::now() + std::chrono::milliseconds(options.rebalance_interval_ms);
@@ -132,7 +132,7 @@ struct Gateway::Impl {
     ho.replicas = options.replicas;
     ho.allowed_env = options.allowed_env;
     ho.limits = ko.limits;
-    api = std::make_unique<HttpApi>(ho, registry.get(), kernels.get(), &counters,
+    api = std::make_unique<HttpApi>(ho, registry.get(), kernels.get(), migrator.get(), &counters,
                                     [this] { return ExceptionsCaught(); });
     api->Install(&http);
     http::ServerOptions so;

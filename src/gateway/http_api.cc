@@ -121,10 +121,11 @@ SessionTotals SumSessions(const std::vector<KernelRecord>& kernels) {
 }  // namespace
 
 HttpApi::HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels,
-                 EdgeCounters* counters, ExceptionCount exceptions)
+                 Migrator* migrator, EdgeCounters* counters, ExceptionCount exceptions)
     : options_(std::move(options)),
       registry_(registry),
       kernels_(kernels),
+      migrator_(migrator),
       counters_(counters),
       exceptions_(std::move(exceptions)) {}
 
@@ -218,6 +219,10 @@ void HttpApi::Install(http::Server* http) {
                   // Only the legacy framing (what jupyter_server's gateway client speaks); a
                   // client offering v1.kernel.websocket.jupyter.org falls back to it.
                   {.subprotocols = {}});
+  http->Route("POST", "/api/nbos/kernels/{kernel_id}/migrate",
+              [this](const http::Request& r) { return PostMigrate(r); });
+  http->Route("POST", "/api/nbos/servers/{server_id}/drain",
+              [this](const http::Request& r) { return PostDrain(r); });
   http->Route("GET", "/api/nbos/cluster",
               [this](const http::Request&) { return JsonResponse(200, ClusterJson()); });
   http->Route("GET", "/metrics", [this](const http::Request&) {
@@ -228,13 +233,59 @@ void HttpApi::Install(http::Server* http) {
   });
 }
 
-// POST /api/kernels {"name": "<kernelspec>", "env": {"KERNEL_GPUS": "1", ...}}; both optional.
-http::Response HttpApi::PostKernel(const http::Request& r) {
+std::variant<Json, http::Response> HttpApi::BodyObject(const http::Request& r) {
   if (!jupyter::JsonDepthWithin(r.body, options_.limits.max_json_depth)) {
     return Refuse(400, "the request body is nested too deeply");
   }
   Json body = r.body.empty() ? Json::object() : Json::parse(r.body, nullptr, false);
   if (!body.is_object()) return Refuse(400, "the request body must be a JSON object");
+  return body;
+}
+
+// POST /api/nbos/kernels/{id}/migrate {"replica_id": N, "to_server_id": "S"}, both optional.
+http::Response HttpApi::PostMigrate(const http::Request& r) {
+  auto parsed = BodyObject(r);
+  if (auto* refused = std::get_if<http::Response>(&parsed)) return std::move(*refused);
+  const Json& body = std::get<Json>(parsed);
+  uint32_t replica_id = 0;
+  if (auto it = body.find("replica_id"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_unsigned() || it->get<uint64_t>() == 0 || it->get<uint64_t>() > UINT32_MAX) {
+      return Refuse(400, "replica_id must be a replica id (a positive integer)");
+    }
+    replica_id = it->get<uint32_t>();
+  }
+  std::string to_server_id;
+  if (auto it = body.find("to_server_id"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return Refuse(400, "to_server_id must be a string (a server id)");
+    to_server_id = it->get<std::string>();
+  }
+  const std::string& kernel_id = r.params.at("kernel_id");
+  auto plan = registry_->RequestMove(kernel_id, replica_id, to_server_id);
+  if (!plan.ok()) {
+    return plan.status().code() == StatusCode::kUnavailable ? Refuse(409, plan.status().message())
+                                                            : Refuse(plan.status());
+  }
+  migrator_->Start(kernel_id, *plan, "asked for by an operator");
+  return JsonResponse(202, Json{{"kernel_id", kernel_id},
+                                {"replica_id", plan->replica_id},
+                                {"from_server_id", plan->from_server_id},
+                                {"to_server_id", plan->to_server_id}});
+}
+
+// POST /api/nbos/servers/{id}/drain: the monitor moves the server's replicas off.
+http::Response HttpApi::PostDrain(const http::Request& r) {
+  const std::string& server_id = r.params.at("server_id");
+  auto held = registry_->DrainServer(server_id);
+  if (!held.ok()) return Refuse(held.status());
+  return JsonResponse(
+      202, Json{{"server_id", server_id}, {"draining", true}, {"replicas_to_move", *held}});
+}
+
+// POST /api/kernels {"name": "<kernelspec>", "env": {"KERNEL_GPUS": "1", ...}}; both optional.
+http::Response HttpApi::PostKernel(const http::Request& r) {
+  auto parsed = BodyObject(r);
+  if (auto* refused = std::get_if<http::Response>(&parsed)) return std::move(*refused);
+  Json body = std::move(std::get<Json>(parsed));
   std::string name = options_.kernelspec_name;
   if (auto it = body.find("name"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return Refuse(400, "name must be a string (a kernelspec name)");
@@ -273,86 +324,97 @@ Result<std::shared_ptr<http::WsHandler>> HttpApi::OpenChannels(
   return std::shared_ptr<http::WsHandler>(std::make_shared<Channels>(k->session, conn));
 }
 
+namespace {
+
+using ReplicaStatuses = std::map<std::pair<std::string, uint32_t>, const control::ReplicaStatus*>;
+
+Json ServerJson(const sched::ServerView& view, const std::optional<ServerRecord>& s) {
+  Json warm = Json::object();
+  if (s) {
+    const control::WarmPool& w = s->status.warm_pool();
+    warm = Json{{"ready", w.ready()},       {"starting", w.starting()}, {"target", w.target()},
+                {"promoted", w.promoted()}, {"cold", w.cold()},         {"disabled", w.disabled()}};
+  }
+  return Json{{"server_id", view.server_id},
+              {"address", s ? s->client->address() : ""},
+              {"alive", s && s->alive},
+              {"draining", s && s->draining},
+              {"accepting", view.accepting},
+              {"gpus_virtual", s && s->gpus_virtual},
+              {"spec", ResourcesJson(view.spec)},
+              {"subscribed", ResourcesJson(view.subscribed)},
+              {"committed", ResourcesJson(view.committed)},
+              {"gpus_idle", view.IdleGpus()},
+              {"gpus_committed", view.committed.gpus},
+              // The daemon's own ledger, as of its last heartbeat (authoritative for grants).
+              {"daemon_gpus_committed", s ? s->status.ledger().committed().gpus() : 0},
+              {"subscription_ratio", sched::HostSubscriptionRatio(view)},
+              {"warm_pool", warm}};
+}
+
+// The migration under way, and its new replica listed as joining until the migration records it
+// as a member.
+Json MigrationJson(const KernelRecord& k, Json* replicas) {
+  if (!k.migration) return nullptr;
+  const MigrationInProgress& m = *k.migration;
+  if (std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(),
+                   [&](const StoredReplica& r) { return r.replica_id == m.joining_replica; })) {
+    replicas->push_back(Json{{"replica_id", m.joining_replica},
+                             {"server_id", m.to_server_id},
+                             {"pid", 0},
+                             {"state", "joining"},
+                             {"process_state", "starting"},
+                             {"restarts", 0},
+                             {"role", "standby"}});
+  }
+  return Json{{"leaving_replica", m.leaving_replica},
+              {"joining_replica", m.joining_replica},
+              {"to_server_id", m.to_server_id},
+              {"reason", m.reason}};
+}
+
+Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
+  const ReplicaId executor = k.session ? k.session->current_executor() : 0;
+  Json replicas = Json::array();
+  for (const auto& r : k.meta.replicas) {
+    auto st = statuses.find({k.meta.kernel_id, r.replica_id});
+    const bool known = st != statuses.end();
+    replicas.push_back(Json{{"replica_id", r.replica_id},
+                            {"server_id", r.server_id},
+                            {"pid", known ? st->second->pid() : 0},
+                            {"state", ReplicaState(k, r.replica_id)},
+                            {"process_state", known ? st->second->state() : "unknown"},
+                            {"restarts", known ? st->second->restarts() : 0},
+                            {"role", r.replica_id == executor ? "executor" : "standby"}});
+  }
+  Json migration = MigrationJson(k, &replicas);
+  return Json{{"id", k.meta.kernel_id},
+              {"name", k.meta.kernelspec},
+              {"resources", ResourcesJson(k.request)},
+              {"executor", executor},
+              {"execution_state", k.session ? k.session->execution_state() : "starting"},
+              {"replicas", std::move(replicas)},
+              {"migration", std::move(migration)}};
+}
+
+}  // namespace
+
 Json HttpApi::ClusterJson() const {
   const RegistrySnapshot snap = registry_->Snapshot();
   Json out{{"servers", Json::array()}, {"kernels", Json::array()}};
-  std::map<std::pair<std::string, uint32_t>, const control::ReplicaStatus*> replica_status;
+  ReplicaStatuses statuses;
   for (const auto& [view, server] : snap.servers) {
     if (!server) continue;
-    for (const auto& r : server->status.replicas())
-      replica_status[{r.kernel_id(), r.replica_id()}] = &r;
+    for (const auto& r : server->status.replicas()) statuses[{r.kernel_id(), r.replica_id()}] = &r;
   }
-  for (const auto& [view, s] : snap.servers) {
-    Json warm = Json::object();
-    if (s) {
-      const control::WarmPool& w = s->status.warm_pool();
-      warm =
-          Json{{"ready", w.ready()},       {"starting", w.starting()}, {"target", w.target()},
-               {"promoted", w.promoted()}, {"cold", w.cold()},         {"disabled", w.disabled()}};
-    }
-    out["servers"].push_back(
-        Json{{"server_id", view.server_id},
-             {"address", s ? s->client->address() : ""},
-             {"alive", s && s->alive},
-             {"gpus_virtual", s && s->gpus_virtual},
-             {"spec", ResourcesJson(view.spec)},
-             {"subscribed", ResourcesJson(view.subscribed)},
-             {"committed", ResourcesJson(view.committed)},
-             {"gpus_idle", view.IdleGpus()},
-             {"gpus_committed", view.committed.gpus},
-             // The daemon's own ledger, as of its last heartbeat (authoritative for grants).
-             {"daemon_gpus_committed", s ? s->status.ledger().committed().gpus() : 0},
-             {"subscription_ratio", sched::HostSubscriptionRatio(view)},
-             {"warm_pool", warm}});
-  }
+  for (const auto& [view, s] : snap.servers) out["servers"].push_back(ServerJson(view, s));
   out["cluster_subscription_ratio"] = snap.cluster_ratio;
   out["migrations"] = Json{{"done", snap.counters.migrations_done},
                            {"failed", snap.counters.migrations_failed},
                            {"durations_ms", snap.counters.migration_ms},
                            {"replacements_done", snap.counters.replacements_done},
                            {"replacement_ms", snap.counters.replacement_ms}};
-  for (const KernelRecord& k : snap.kernels) {
-    const ReplicaId executor = k.session ? k.session->current_executor() : 0;
-    Json replicas = Json::array();
-    for (const auto& r : k.meta.replicas) {
-      auto st = replica_status.find({k.meta.kernel_id, r.replica_id});
-      const bool known = st != replica_status.end();
-      replicas.push_back(Json{{"replica_id", r.replica_id},
-                              {"server_id", r.server_id},
-                              {"pid", known ? st->second->pid() : 0},
-                              {"state", ReplicaState(k, r.replica_id)},
-                              {"process_state", known ? st->second->state() : "unknown"},
-                              {"restarts", known ? st->second->restarts() : 0},
-                              {"role", r.replica_id == executor ? "executor" : "standby"}});
-    }
-    Json migration = nullptr;
-    // Listed as joining until the migration records it as a member.
-    if (k.migration &&
-        std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(), [&](const StoredReplica& r) {
-          return r.replica_id == k.migration->joining_replica;
-        })) {
-      const MigrationInProgress& m = *k.migration;
-      migration = Json{{"leaving_replica", m.leaving_replica},
-                       {"joining_replica", m.joining_replica},
-                       {"to_server_id", m.to_server_id},
-                       {"reason", m.reason}};
-      replicas.push_back(Json{{"replica_id", m.joining_replica},
-                              {"server_id", m.to_server_id},
-                              {"pid", 0},
-                              {"state", "joining"},
-                              {"process_state", "starting"},
-                              {"restarts", 0},
-                              {"role", "standby"}});
-    }
-    out["kernels"].push_back(
-        Json{{"id", k.meta.kernel_id},
-             {"name", k.meta.kernelspec},
-             {"resources", ResourcesJson(k.request)},
-             {"executor", executor},
-             {"execution_state", k.session ? k.session->execution_state() : "starting"},
-             {"replicas", replicas},
-             {"migration", migration}});
-  }
+  for (const KernelRecord& k : snap.kernels) out["kernels"].push_back(KernelJson(k, statuses));
   return out;
 }
 
@@ -377,6 +439,11 @@ std::string HttpApi::Metrics() const {
   auto& executions = counter("nbos_executions_total",
                              "Executions sent to replicas, and those that waited for GPUs");
   auto& migrations = counter("nbos_migrations_total", "Replica migrations by outcome");
+  auto& replacements =
+      counter("nbos_replica_replacements_total", "Lost replicas replaced by new ones");
+  auto& replicas_gauge =
+      gauge("nbos_replicas", "Replicas by state (live, lost, starting, leaving, joining)");
+  auto& servers_gauge = gauge("nbos_servers", "Servers by state (alive, lost, draining)");
   auto& rejected = counter("nbos_client_messages_rejected_total",
                            "Kernel WebSocket messages refused at the gateway, by reason");
   auto& rejected_rest = counter("nbos_rest_requests_rejected_total",
@@ -400,11 +467,24 @@ std::string HttpApi::Metrics() const {
     launches.Add({{"server", id}, {"from", "cold"}}).Increment(static_cast<double>(w.cold()));
   }
   ratio_gauge.Add({{"server", ""}}).Set(snap.cluster_ratio);
+  std::map<std::string, int> server_states{{"alive", 0}, {"lost", 0}, {"draining", 0}};
+  for (const auto& [view, s] : snap.servers) {
+    if (s) ++server_states[s->draining ? "draining" : s->alive ? "alive" : "lost"];
+  }
+  for (const auto& [state, n] : server_states) servers_gauge.Add({{"state", state}}).Set(n);
+  std::map<std::string, int> replica_states{
+      {"live", 0}, {"lost", 0}, {"starting", 0}, {"leaving", 0}, {"joining", 0}};
+  for (const KernelRecord& k : snap.kernels) {
+    for (const StoredReplica& r : k.meta.replicas) ++replica_states[ReplicaState(k, r.replica_id)];
+    if (k.migration) ++replica_states["joining"];
+  }
+  for (const auto& [state, n] : replica_states) replicas_gauge.Add({{"state", state}}).Set(n);
   const RegistryCounters& c = snap.counters;
   grants.Add({{"outcome", "granted"}}).Increment(static_cast<double>(c.grants_made));
   grants.Add({{"outcome", "refused"}}).Increment(static_cast<double>(c.grants_refused));
   migrations.Add({{"outcome", "done"}}).Increment(static_cast<double>(c.migrations_done));
   migrations.Add({{"outcome", "failed"}}).Increment(static_cast<double>(c.migrations_failed));
+  replacements.Add({}).Increment(static_cast<double>(c.replacements_done));
   const SessionTotals totals = SumSessions(snap.kernels);
   const uint64_t caught = totals.exceptions_caught + (exceptions_ ? exceptions_() : 0);
   for (const auto& [state, n] : totals.states) kernels_gauge.Add({{"state", state}}).Set(n);

@@ -1,7 +1,10 @@
 // HttpApi: the gateway's HTTP face. The Jupyter Kernel Gateway REST API (kernelspecs, kernels:
 // list, start, get, delete, interrupt, restart) and the kernel WebSocket that
 // `jupyter server --gateway-url`, JupyterLab's @jupyterlab/services and `nbos relay` speak;
-// `/api/nbos/cluster` (JSON) and `/metrics` (Prometheus text).
+// `/api/nbos/cluster` (JSON) and `/metrics` (Prometheus text). Operator controls, each answered
+// 202 while the work runs (the cluster view shows it): POST /api/nbos/servers/{id}/drain (no new
+// replicas there; its replicas are moved off) and POST /api/nbos/kernels/{id}/migrate with an
+// optional body {"replica_id": N, "to_server_id": "S"} (the scheduler picks what is not named).
 //
 // Every request body is checked before use: a body that is not a JSON object, is nested deeper
 // than the client limit, or has a field of the wrong type answers 400 with a JSON `message`
@@ -12,10 +15,12 @@
 
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "gateway/edge_counters.h"
 #include "gateway/kernel_manager.h"
+#include "gateway/migrator.h"
 #include "gateway/registry.h"
 #include "http/server.h"
 
@@ -34,7 +39,7 @@ class HttpApi {
  public:
   // Exceptions caught on other threads, summed into /metrics.
   using ExceptionCount = std::function<uint64_t()>;
-  HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels,
+  HttpApi(HttpApiOptions options, Registry* registry, KernelManager* kernels, Migrator* migrator,
           EdgeCounters* counters, ExceptionCount exceptions);
 
   // Adds every route and the authenticator to `server` (before it starts).
@@ -43,6 +48,10 @@ class HttpApi {
  private:
   Status Authenticate(const http::Request& req) const;
   http::Response PostKernel(const http::Request& r);
+  http::Response PostMigrate(const http::Request& r);
+  http::Response PostDrain(const http::Request& r);
+  // The request body as a JSON object (empty: {}), or the 400 answer.
+  std::variant<jupyter::Json, http::Response> BodyObject(const http::Request& r);
   http::Response Refuse(int status, const std::string& message);
   http::Response Refuse(const Status& s);
   jupyter::Json KernelspecModel() const;
@@ -54,6 +63,7 @@ class HttpApi {
   const HttpApiOptions options_;
   Registry* registry_;
   KernelManager* kernels_;
+  Migrator* migrator_;
   EdgeCounters* counters_;
   ExceptionCount exceptions_;
 };

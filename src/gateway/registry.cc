@@ -41,6 +41,7 @@ void Registry::OnRegister(const control::RegisterRequest& req) {
   sched::ServerView view;
   view.server_id = req.server_id();
   view.spec = FromProto(req.spec());
+  view.accepting = !s.draining;
   if (const sched::ServerView* existing = scheduler_.cluster().FindServer(req.server_id())) {
     view.committed = existing->committed;
     if (Status st = scheduler_.OnServerUpdated(NowMs(), view); !st.ok()) {
@@ -71,7 +72,7 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
   s.status = status;
   if (!s.alive) {
     spdlog::warn("server {} answers again", s.server_id);
-    if (Status st = scheduler_.OnServerAccepting(NowMs(), s.server_id, true); !st.ok()) {
+    if (Status st = scheduler_.OnServerAccepting(NowMs(), s.server_id, !s.draining); !st.ok()) {
       spdlog::warn("server {}: {}", s.server_id, st.ToString());
     }
   }
@@ -387,10 +388,11 @@ std::set<std::string, std::less<>> Registry::WarmServers() const {
   return warm;
 }
 
-ReplicaId Registry::LostReplica(const KernelRecord& k) const {
+ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) const {
   for (const StoredReplica& r : k.meta.replicas) {
     auto server = servers_.find(r.server_id);
     if (server == servers_.end()) continue;  // not registered since the gateway started
+    *reason = "replacing a lost replica";
     if (!server->second.alive) return r.replica_id;
     for (const auto& st : server->second.status.replicas()) {
       if (st.kernel_id() == k.meta.kernel_id && st.replica_id() == r.replica_id &&
@@ -398,7 +400,10 @@ ReplicaId Registry::LostReplica(const KernelRecord& k) const {
         return r.replica_id;
       }
     }
+    *reason = "draining server " + r.server_id;
+    if (server->second.draining) return r.replica_id;
   }
+  reason->clear();
   return 0;
 }
 
@@ -408,12 +413,13 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
     if (!k.in_cluster || !k.session || k.migrating || now < k.migration_retry_after) continue;
-    const ReplicaId lost = LostReplica(k);
+    std::string reason;
+    const ReplicaId lost = ReplicaToMove(k, &reason);
     if (lost == 0) {
       k.lost_since.clear();  // replicas seen lost came back
       continue;
     }
-    k.lost_since.emplace(lost, now);
+    if (!k.replica_live.count(lost) || !k.replica_live.at(lost)) k.lost_since.emplace(lost, now);
     size_t live = 0;
     for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
     if (2 * live <= k.meta.replicas.size()) {
@@ -422,7 +428,7 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
                    live, k.meta.replicas.size());
       continue;
     }
-    auto plan = scheduler_.RequestReplacement(NowMs(), {id, lost, WarmServers()});
+    auto plan = scheduler_.RequestMove(NowMs(), {id, lost, "", WarmServers()});
     if (!plan.ok() || plan->scale_out_needed || plan->to_server_id.empty()) {
       k.migration_retry_after = now + retry;
       spdlog::warn("kernel {}: no server can take a replacement for replica {}: {}", id, lost,
@@ -430,9 +436,46 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
       continue;
     }
     k.migrating = true;
-    plans.push_back({id, std::move(plan).value()});
+    plans.push_back({id, std::move(plan).value(), std::move(reason)});
   }
   return plans;
+}
+
+Result<sched::MigrationPlan> Registry::RequestMove(const std::string& kernel_id,
+                                                   uint32_t replica_id,
+                                                   const std::string& to_server_id) {
+  MutexLock lock(&mu_);
+  auto k = kernels_.find(kernel_id);
+  if (k == kernels_.end() || !k->second.session) return NotFound("no kernel " + kernel_id);
+  if (!k->second.in_cluster) {
+    return Unavailable("kernel " + kernel_id + " waits for its servers to register");
+  }
+  if (k->second.migrating) {
+    return Unavailable("a migration of kernel " + kernel_id + " is already under way");
+  }
+  auto plan = scheduler_.RequestMove(NowMs(), {kernel_id, replica_id, to_server_id, WarmServers()});
+  if (!plan.ok()) return plan.status();
+  if (plan->scale_out_needed || plan->to_server_id.empty()) {
+    return Unavailable("no server can take a replica of kernel " + kernel_id + ": " + plan->reason);
+  }
+  k->second.migrating = true;
+  return plan;
+}
+
+Result<size_t> Registry::DrainServer(const std::string& server_id) {
+  MutexLock lock(&mu_);
+  auto s = servers_.find(server_id);
+  if (s == servers_.end()) return NotFound("no server " + server_id);
+  if (!s->second.draining) spdlog::warn("server {} drains: its replicas are moved off", server_id);
+  s->second.draining = true;
+  if (Status st = scheduler_.OnServerAccepting(NowMs(), server_id, false); !st.ok()) {
+    spdlog::warn("server {}: {}", server_id, st.ToString());
+  }
+  size_t held = 0;
+  for (const auto& [id, k] : kernels_) {
+    for (const StoredReplica& r : k.meta.replicas) held += r.server_id == server_id ? 1 : 0;
+  }
+  return held;
 }
 
 bool Registry::ServerAlive(const std::string& server_id) const {

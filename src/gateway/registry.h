@@ -57,6 +57,7 @@ struct ServerRecord {
   std::shared_ptr<daemon::DaemonClient> client;
   bool gpus_virtual = false;
   bool alive = true;
+  bool draining = false;  // takes no new replicas; its replicas are moved off
   SteadyClock::time_point last_seen;
   control::ServerStatus status;
   // Replicas this daemon runs that belong to no kernel, as of the last heartbeat; stopped when
@@ -98,10 +99,11 @@ struct RegistryCounters {
   std::vector<int64_t> replacement_ms;
 };
 
-// The scheduler's plan to replace a lost replica of a kernel (already marked migrating).
+// The scheduler's plan to move a replica that must move (the kernel is marked migrating).
 struct ReplacementPlan {
   std::string kernel_id;
   sched::MigrationPlan plan;
+  std::string reason;  // "replacing a lost replica", "draining server host-2"
 };
 
 // Everything the cluster view and the metrics show, copied at one moment.
@@ -175,11 +177,21 @@ class Registry {
                        const std::string& server_id, int gpus) EXCLUDES(mu_);
   // A scheduler tick; its rebalance plans whose kernels could be marked migrating.
   std::vector<sched::RebalancePlan> Tick() EXCLUDES(mu_);
-  // Kernels with a lost replica (its server missed its heartbeats, or its daemon reports it
-  // exited for good) and a live majority, not migrating and not backing off: each is marked
-  // migrating and gets the scheduler's plan to replace that replica. A kernel without a live
-  // majority, or whose plan has no target, waits (its next try backs off for `retry`).
+  // Kernels with a replica that must move and a live majority, not migrating and not backing
+  // off: each is marked migrating and gets the scheduler's plan to move that replica. A replica
+  // must move when it is lost (its server missed its heartbeats, or its daemon reports it exited
+  // for good) or its server drains. A kernel without a live majority, or whose plan has no
+  // target, waits (its next try backs off for `retry`).
   std::vector<ReplacementPlan> PlanReplacements(std::chrono::milliseconds retry) EXCLUDES(mu_);
+  // An operator's move of one kernel's replica (MoveRequested: replica and target optional).
+  // Marks the kernel migrating. Errors: NotFound (kernel, replica, server), InvalidArgument (a
+  // target that cannot take it), Unavailable (a migration of this kernel is under way, the
+  // kernel is not schedulable yet, or no server can take the replica).
+  Result<sched::MigrationPlan> RequestMove(const std::string& kernel_id, uint32_t replica_id,
+                                           const std::string& to_server_id) EXCLUDES(mu_);
+  // The server takes no new replicas, and PlanReplacements moves its replicas off. Returns how
+  // many replicas it holds. NotFound: no such server.
+  Result<size_t> DrainServer(const std::string& server_id) EXCLUDES(mu_);
 
   // ---- migration ----
   // Marks the kernel migrating unless it already is or a failed migration backs off. False:
@@ -204,8 +216,9 @@ class Registry {
   std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
   std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
       REQUIRES(mu_);
-  // The first of the kernel's replicas that is lost; 0 when none is.
-  ReplicaId LostReplica(const KernelRecord& kernel) const REQUIRES(mu_);
+  // The first of the kernel's replicas that must move (lost, or on a draining server); 0 when
+  // none must. `reason` says why.
+  ReplicaId ReplicaToMove(const KernelRecord& kernel, std::string* reason) const REQUIRES(mu_);
   std::set<std::string, std::less<>> WarmServers() const REQUIRES(mu_);
 
   const SteadyClock::time_point started_ = SteadyClock::now();

@@ -126,9 +126,10 @@ json EncEvent(const SchedulerEvent& event) {
                         {"server_id", e.server_id},
                         {"resources", Enc(e.resources)}};
           },
-          [](const ReplacementRequested& e) {
+          [](const MoveRequested& e) {
             return json{{"kernel_id", e.kernel_id},
                         {"replica_id", e.replica_id},
+                        {"to_server_id", e.to_server_id},
                         {"warm_servers", e.warm_servers}};
           },
           [](const Tick&) { return json::object(); },
@@ -272,10 +273,10 @@ Result<SchedulerEvent> DecEvent(std::string_view name, const json& j) {
     return SchedulerEvent{
         GrantReleased{std::move(kernel_id), replica_id, std::move(server_id), resources}};
   }
-  if (name == "replacement") {
-    return SchedulerEvent{ReplacementRequested{j.at("kernel_id").get<std::string>(),
-                                               j.at("replica_id").get<uint32_t>(),
-                                               DecStringSet(j.at("warm_servers"))}};
+  if (name == "move") {
+    return SchedulerEvent{
+        MoveRequested{j.at("kernel_id").get<std::string>(), j.at("replica_id").get<uint32_t>(),
+                      j.at("to_server_id").get<std::string>(), DecStringSet(j.at("warm_servers"))}};
   }
   if (name == "tick") return SchedulerEvent{Tick{}};
   return InvalidArgument("unknown event '" + std::string(name) + "'");

@@ -13,13 +13,20 @@ namespace nbos::sched {
 namespace {}  // namespace
 
 std::string_view EventName(const SchedulerEvent& event) {
-  static constexpr std::string_view kNames[] = {"server_joined",   "server_updated",
-                                                "server_left",     "server_accepting",
-                                                "placement",       "kernel_placed",
-                                                "kernel_removed",  "replica_added",
-                                                "replica_removed", "executor",
-                                                "grant_committed", "grant_released",
-                                                "replacement",     "tick"};
+  static constexpr std::string_view kNames[] = {"server_joined",
+                                                "server_updated",
+                                                "server_left",
+                                                "server_accepting",
+                                                "placement",
+                                                "kernel_placed",
+                                                "kernel_removed",
+                                                "replica_added",
+                                                "replica_removed",
+                                                "executor",
+                                                "grant_committed",
+                                                "grant_released",
+                                                "move",
+                                                "tick"};
   static_assert(std::size(kNames) == std::variant_size_v<SchedulerEvent>);
   return kNames[event.index()];
 }
@@ -95,7 +102,7 @@ SchedulerOutcome Scheduler::Handle(const SchedulerEvent& event) {
           [&](const GrantReleased& e) {
             return status_only(cluster_.Release(e.server_id, e.resources));
           },
-          [&](const ReplacementRequested& e) { return from_result(Replace(e)); },
+          [&](const MoveRequested& e) { return from_result(Move(e)); },
           [&](const Tick&) {
             return SchedulerOutcome{Status::Ok(), DoTick()};
           },
@@ -137,18 +144,39 @@ Result<ExecutorDecision> Scheduler::Execute(const ExecutorRequested& request) co
   return decision;
 }
 
-Result<MigrationPlan> Scheduler::Replace(const ReplacementRequested& request) const {
+Result<MigrationPlan> Scheduler::Move(const MoveRequested& request) const {
   const KernelView* kernel = cluster_.FindKernel(request.kernel_id);
   if (kernel == nullptr) return NotFound("no kernel '" + request.kernel_id + "'");
-  if (kernel->FindReplica(request.replica_id) == nullptr) {
-    return NotFound("kernel '" + request.kernel_id + "' has no replica " +
-                    std::to_string(request.replica_id));
-  }
   std::set<uint32_t> fixed;
-  for (const ReplicaView& r : kernel->replicas) {
-    if (r.replica_id != request.replica_id) fixed.insert(r.replica_id);
+  if (request.replica_id != 0) {
+    if (kernel->FindReplica(request.replica_id) == nullptr) {
+      return NotFound("kernel '" + request.kernel_id + "' has no replica " +
+                      std::to_string(request.replica_id));
+    }
+    for (const ReplicaView& r : kernel->replicas) {
+      if (r.replica_id != request.replica_id) fixed.insert(r.replica_id);
+    }
   }
-  return ChooseMigration(cluster_, *kernel, 0, request.warm_servers, fixed, options_.pack_gpus);
+  Result<MigrationPlan> plan =
+      ChooseMigration(cluster_, *kernel, 0, request.warm_servers, fixed, options_.pack_gpus);
+  if (!plan.ok() || request.to_server_id.empty()) return plan;
+  const ServerView* to = cluster_.FindServer(request.to_server_id);
+  if (to == nullptr) return NotFound("no server '" + request.to_server_id + "'");
+  if (!to->accepting) {
+    return InvalidArgument("server '" + request.to_server_id + "' does not accept replicas");
+  }
+  for (const ReplicaView& r : kernel->replicas) {
+    if (r.server_id == request.to_server_id) {
+      return InvalidArgument("server '" + request.to_server_id + "' already holds replica " +
+                             std::to_string(r.replica_id) + " of kernel '" + request.kernel_id +
+                             "'");
+    }
+  }
+  plan->to_server_id = request.to_server_id;
+  plan->target_warm = request.warm_servers.count(request.to_server_id) > 0;
+  plan->scale_out_needed = false;
+  plan->reason.clear();
+  return plan;
 }
 
 TickDecision Scheduler::DoTick() {
@@ -271,7 +299,7 @@ Status Scheduler::OnGrantCommitted(int64_t now_ms, GrantCommitted grant) {
 Status Scheduler::OnGrantReleased(int64_t now_ms, GrantReleased grant) {
   return Apply(now_ms, std::move(grant)).status;
 }
-Result<MigrationPlan> Scheduler::RequestReplacement(int64_t now_ms, ReplacementRequested request) {
+Result<MigrationPlan> Scheduler::RequestMove(int64_t now_ms, MoveRequested request) {
   SchedulerOutcome out = Apply(now_ms, std::move(request));
   if (!out.status.ok()) return out.status;
   return std::get<MigrationPlan>(std::move(out.decision));

@@ -118,13 +118,16 @@ struct GrantReleased {
   Resources resources;
 };
 
-// A replica is lost (its server missed its heartbeats, or its daemon gave up restarting it) and
-// needs a replacement: decided as a migration of that replica (ChooseMigration with 0 GPUs and
-// every other replica fixed), so the target holds no replica of the kernel and fits its
-// subscription; with no such server, the plan says scale_out_needed.
-struct ReplacementRequested {
+// A replica of a kernel must move: it is lost (its server missed its heartbeats, or its daemon
+// gave up restarting it), its server drains, or an operator asked. Decided as a migration with 0
+// GPUs needed. replica_id 0: ChooseMigration's replica rule picks which; otherwise that one (the
+// kernel's other replicas fixed). to_server_id empty: ChooseMigration's target rule picks where
+// (scale_out_needed when no server fits); otherwise that server, which must exist, accept
+// replicas and hold none of this kernel (the ratio is not applied: it is an operator's choice).
+struct MoveRequested {
   std::string kernel_id;
   uint32_t replica_id = 0;
+  std::string to_server_id;
   std::set<std::string, std::less<>> warm_servers;
 };
 
@@ -134,7 +137,7 @@ struct Tick {};
 using SchedulerEvent =
     std::variant<ServerJoined, ServerUpdated, ServerLeft, ServerAcceptingChanged,
                  PlacementRequested, KernelPlaced, KernelRemoved, ReplicaAdded, ReplicaRemoved,
-                 ExecutorRequested, GrantCommitted, GrantReleased, ReplacementRequested, Tick>;
+                 ExecutorRequested, GrantCommitted, GrantReleased, MoveRequested, Tick>;
 
 // Short name of the event's type ("server_joined", ...), the journal's "event" field.
 std::string_view EventName(const SchedulerEvent& event);
@@ -212,8 +215,9 @@ class Scheduler {
   Result<ExecutorDecision> RequestExecutor(int64_t now_ms, ExecutorRequested request);
   Status OnGrantCommitted(int64_t now_ms, GrantCommitted grant);
   Status OnGrantReleased(int64_t now_ms, GrantReleased grant);
-  // Errors: NotFound (kernel or replica), ChooseMigration's InvalidArgument.
-  Result<MigrationPlan> RequestReplacement(int64_t now_ms, ReplacementRequested request);
+  // Errors: NotFound (kernel, replica or target server), InvalidArgument (a target that does
+  // not accept replicas or already holds one of this kernel), ChooseMigration's InvalidArgument.
+  Result<MigrationPlan> RequestMove(int64_t now_ms, MoveRequested request);
   TickDecision OnTick(int64_t now_ms);
 
   const ClusterState& cluster() const { return cluster_; }
@@ -225,7 +229,7 @@ class Scheduler {
   SchedulerOutcome Handle(const SchedulerEvent& event);
   Result<Placement> Place(const PlacementRequested& request) const;
   Result<ExecutorDecision> Execute(const ExecutorRequested& request) const;
-  Result<MigrationPlan> Replace(const ReplacementRequested& request) const;
+  Result<MigrationPlan> Move(const MoveRequested& request) const;
   TickDecision DoTick();
   // Bookkeeping for rebalancing, from events that the cluster view does not keep.
   void NoteEvent(const SchedulerEvent& event);

@@ -87,27 +87,48 @@ TEST(SchedulerTest, LostReplicaIsReplacedOnAServerWithoutAReplicaOfTheKernel) {
   ASSERT_TRUE(s.OnServerAccepting(1, "s1", false).ok());
   // s3 is fuller (higher SR_h) than s4, so the replacement goes to s4 unless s3 is warm.
   ASSERT_TRUE(s.OnKernelPlaced(1, test::Kernel("other", Req(4), {"s3"})).ok());
-  auto plan = s.RequestReplacement(2, {.kernel_id = "k", .replica_id = 2});
+  auto plan = s.RequestMove(2, {.kernel_id = "k", .replica_id = 2});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->replica_id, 2u);
   EXPECT_EQ(plan->from_server_id, "s1");
   EXPECT_EQ(plan->to_server_id, "s4");
   EXPECT_FALSE(plan->scale_out_needed);
-  plan = s.RequestReplacement(3, {.kernel_id = "k", .replica_id = 2, .warm_servers = {"s3"}});
+  plan = s.RequestMove(3, {.kernel_id = "k", .replica_id = 2, .warm_servers = {"s3"}});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->to_server_id, "s3");
   EXPECT_TRUE(plan->target_warm);
-  EXPECT_EQ(s.RequestReplacement(4, {.kernel_id = "k", .replica_id = 9}).status().code(),
+  EXPECT_EQ(s.RequestMove(4, {.kernel_id = "k", .replica_id = 9}).status().code(),
             StatusCode::kNotFound);
-  EXPECT_EQ(s.RequestReplacement(4, {.kernel_id = "x", .replica_id = 1}).status().code(),
+  EXPECT_EQ(s.RequestMove(4, {.kernel_id = "x", .replica_id = 1}).status().code(),
             StatusCode::kNotFound);
+}
+
+TEST(SchedulerTest, OperatorMoveNamesTheReplicaTheTargetOrNeither) {
+  Scheduler s = WithServers(5);
+  ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(2), {"s0", "s1", "s2"})).ok());
+  auto plan = s.RequestMove(1, {.kernel_id = "k", .replica_id = 3, .to_server_id = "s3"});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->replica_id, 3u);
+  EXPECT_EQ(plan->from_server_id, "s2");
+  EXPECT_EQ(plan->to_server_id, "s3");
+  plan = s.RequestMove(2, {.kernel_id = "k"});  // the core picks both
+  ASSERT_TRUE(plan.ok());
+  EXPECT_NE(plan->replica_id, 0u);
+  EXPECT_TRUE(plan->to_server_id == "s3" || plan->to_server_id == "s4") << plan->to_server_id;
+  EXPECT_EQ(s.RequestMove(3, {.kernel_id = "k", .to_server_id = "s1"}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.RequestMove(3, {.kernel_id = "k", .to_server_id = "nope"}).status().code(),
+            StatusCode::kNotFound);
+  ASSERT_TRUE(s.OnServerAccepting(4, "s4", false).ok());
+  EXPECT_EQ(s.RequestMove(5, {.kernel_id = "k", .to_server_id = "s4"}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(SchedulerTest, ReplacementWithNoFreeServerAsksForScaleOut) {
   Scheduler s = WithServers(3);
   ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(2), {"s0", "s1", "s2"})).ok());
   ASSERT_TRUE(s.OnServerAccepting(1, "s2", false).ok());
-  auto plan = s.RequestReplacement(2, {.kernel_id = "k", .replica_id = 3});
+  auto plan = s.RequestMove(2, {.kernel_id = "k", .replica_id = 3});
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->scale_out_needed);
   EXPECT_EQ(plan->replica_id, 3u);
@@ -280,7 +301,7 @@ std::string RecordedJournal() {
   EXPECT_TRUE(s.OnReplicaAdded(32000, "k", 4, "s3").ok());
   EXPECT_TRUE(s.OnReplicaRemoved(32000, "k", 1).ok());
   EXPECT_TRUE(s.OnServerAccepting(33000, "s0", false).ok());
-  EXPECT_TRUE(s.RequestReplacement(33500, {.kernel_id = "k", .replica_id = 4}).ok());
+  EXPECT_TRUE(s.RequestMove(33500, {.kernel_id = "k", .replica_id = 4}).ok());
   EXPECT_TRUE(s.OnKernelRemoved(34000, "k").ok());
   EXPECT_TRUE(s.OnServerLeft(35000, "s0").ok());
   EXPECT_EQ(journal.records(), 18);

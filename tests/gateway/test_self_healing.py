@@ -8,6 +8,7 @@ import hashlib
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -96,6 +97,13 @@ def test_lost_servers_replicas_are_replaced_and_the_kernel_keeps_its_state(clust
     assert len(view["migrations"]["replacement_ms"]) == 1
     digests = digests_by_replica(ks, healed)
     assert set(digests.values()) == {expected_digest()}, digests
+    req = urllib.request.Request(c.url + "/metrics",
+                                 headers={"Authorization": f"token {c.token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        metrics = resp.read().decode()
+    assert "nbos_replica_replacements_total 1" in metrics, metrics
+    assert 'nbos_servers{state="lost"} 1' in metrics, metrics
+    assert 'nbos_replicas{state="live"} 3' in metrics, metrics
 
     # A second server is lost; no server is left to take a replacement, so the kernel runs on
     # its live majority and says what it waits for in the view.
@@ -181,3 +189,86 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster):
         text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
         assert text == "42", (rid, text)
     ks.close()
+
+
+def wait_migration_done(c, kid, seen):
+    """Polls until the kernel has no migration running; collects what the view showed."""
+    deadline = time.time() + 90
+    while True:
+        kernel, _ = kernel_view(c, kid)
+        if kernel["migration"]:
+            seen.add("migration")
+        seen.update(r["state"] for r in kernel["replicas"])
+        if not kernel["migration"] and "migration" in seen:
+            return {r["replica_id"]: r for r in kernel["replicas"]}
+        assert time.time() < deadline, kernel
+        time.sleep(0.05)
+
+
+def test_operator_drains_a_server_and_migrates_a_replica(cluster):
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute(STATE)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    kernel, _ = kernel_view(c, kid)
+    servers = {r["server_id"]: r["replica_id"] for r in kernel["replicas"]}
+
+    # Bad requests change nothing.
+    call = lambda method, path, body=None: rest_call(c.url, c.token, method, path, body)  # noqa
+    assert call("POST", "/api/nbos/servers/host-9/drain")[0] == 404
+    assert call("POST", "/api/nbos/kernels/nope/migrate", {})[0] == 404
+    for bad in ({"replica_id": "1"}, {"replica_id": 0}, {"replica_id": -1},
+                {"to_server_id": 5}, [1]):
+        status, body = call("POST", f"/api/nbos/kernels/{kid}/migrate", bad)
+        assert status == 400 and body["message"], (bad, status, body)
+    status, body = call("POST", f"/api/nbos/kernels/{kid}/migrate",
+                        {"to_server_id": sorted(servers)[0]})
+    assert status == 400 and "already holds" in body["message"], body
+    assert call("POST", f"/api/nbos/kernels/{kid}/migrate", {"replica_id": 99})[0] == 404
+    assert kernel_view(c, kid)[1]["migrations"]["done"] == 0
+
+    # An operator moves a named replica to a named server (the spare one).
+    moved_from = sorted(servers)[0]
+    spare = ({f"host-{i}" for i in range(1, HOSTS + 1)} - set(servers)).pop()
+    status, body = call("POST", f"/api/nbos/kernels/{kid}/migrate",
+                        {"replica_id": servers[moved_from], "to_server_id": spare})
+    assert status == 202, body
+    assert body["from_server_id"] == moved_from and body["to_server_id"] == spare, body
+    seen = set()
+    after = wait_migration_done(c, kid, seen)
+    assert "joining" in seen or "leaving" in seen, seen
+    assert {r["server_id"] for r in after.values()} == set(servers) - {moved_from} | {spare}
+    assert all(r["state"] == "live" for r in after.values()), after
+
+    # Drain another server of the kernel: its replica moves to the one left free.
+    drained = sorted(set(servers) - {moved_from})[0]
+    status, body = call("POST", f"/api/nbos/servers/{drained}/drain")
+    assert status == 202 and body["replicas_to_move"] == 1, body
+    seen = set()
+    after = wait_migration_done(c, kid, seen)
+    assert {r["server_id"] for r in after.values()} == set(servers) - {drained} | {spare}
+    assert all(r["state"] == "live" for r in after.values()), after
+    view = kernel_view(c, kid)[1]
+    server = next(s for s in view["servers"] if s["server_id"] == drained)
+    assert server["draining"] and not server["accepting"], server
+    assert view["migrations"]["done"] == 2 and view["migrations"]["replacements_done"] == 0
+    deadline = time.time() + 30
+    while c.host_replicas(int(drained.split("-")[1])):
+        assert time.time() < deadline, "the drained server still runs replicas"
+        time.sleep(0.2)
+    # Nothing new goes to the drained server, and with it out no server is free for a move.
+    status, body = call("POST", f"/api/nbos/kernels/{kid}/migrate", {})
+    assert status == 409 and "no server" in body["message"], (status, body)
+    status, other = call("POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, other
+    other_servers = {r["server_id"] for r in kernel_view(c, other["id"])[0]["replicas"]}
+    assert drained not in other_servers, other_servers
+    assert call("DELETE", f"/api/kernels/{other['id']}")[0] == 204
+
+    digests = digests_by_replica(ks, after)
+    assert set(digests.values()) == {expected_digest()}, digests
+    ks.close()
+    assert call("DELETE", f"/api/kernels/{kid}")[0] == 204
