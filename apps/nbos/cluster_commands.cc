@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "daemon/daemon.h"
 #include "gateway/gateway.h"
+#include "gateway/local_host_provider.h"
 
 namespace nbos::app {
 namespace {
@@ -72,6 +73,10 @@ std::string DefaultStateDir() {
 struct GatewayArgs {
   gateway::GatewayOptions options;
   std::string log_level = "info";
+  // Auto-scaling with servers started on this machine (local_host_provider.h); 0: off.
+  int local_hosts = 0;
+  gateway::LocalHostOptions local;
+  std::string local_ports;
 };
 struct DaemonArgs {
   daemon::DaemonOptions options;
@@ -81,6 +86,8 @@ struct DaemonArgs {
 };
 struct UpArgs {
   int hosts = 4;
+  int max_hosts = 0;  // 0: --hosts (a fixed cluster)
+  int scaling_interval_ms = 15000;
   int gpus_per_host = 2;
   int port = 8889;
   int warm_pool = 1;
@@ -91,11 +98,41 @@ struct UpArgs {
   std::string log_level = "info";
 };
 
-int RunGateway(GatewayArgs& args) {
+// With --local-hosts: the gateway starts its servers itself and scales between --local-hosts
+// and --max-hosts of them.
+Status ConfigureLocalHosts(GatewayArgs& args, const std::string& self_path) {
+  if (args.local_hosts <= 0) return Status::Ok();
+  gateway::LocalHostOptions& l = args.local;
+  if (l.max_hosts < args.local_hosts) l.max_hosts = args.local_hosts;
+  if (args.options.control_address.ends_with(":0")) {
+    return InvalidArgument("--local-hosts needs a fixed --control-address port");
+  }
+  if (!args.local_ports.empty()) {
+    auto range = daemon::PortRange::Parse(args.local_ports);
+    if (!range.ok()) return range.status();
+    l.ports = *range;
+  }
+  l.nbos_binary = self_path;
+  l.control_address = args.options.control_address;
+  if (l.state_dir.empty()) l.state_dir = args.options.state_dir;
+  if (l.blob_store_url.empty()) l.blob_store_url = "dir://" + l.state_dir + "/blobs";
+  l.log_level = args.log_level;
+  args.options.min_hosts = args.local_hosts;
+  args.options.max_hosts = l.max_hosts;
+  args.options.gpus_per_host = l.gpus_per_host;
+  args.options.host_provider = std::make_shared<gateway::LocalHostProvider>(l);
+  return Status::Ok();
+}
+
+int RunGateway(GatewayArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   InitLogging(STDERR_FILENO, args.log_level, "gateway");
   if (args.options.token.empty()) {
     if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.options.token = t;
+  }
+  if (Status s = ConfigureLocalHosts(args, self_path); !s.ok()) {
+    std::cerr << "nbos gateway: " << s.message() << "\n";
+    return 2;
   }
   auto gw = gateway::Gateway::Start(args.options);
   if (!gw.ok()) {
@@ -231,6 +268,11 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     std::cerr << "nbos up: --hosts must be 3 to 64 (each kernel has three replicas)\n";
     return 2;
   }
+  if (args.max_hosts == 0) args.max_hosts = args.hosts;
+  if (args.max_hosts < args.hosts || args.max_hosts > 64) {
+    std::cerr << "nbos up: --max-hosts must be --hosts to 64\n";
+    return 2;
+  }
   if (args.state_dir.empty()) args.state_dir = DefaultStateDir();
   if (args.token.empty()) {
     if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.token = t;
@@ -263,11 +305,24 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     children[0].argv.push_back("--decision-journal");
     children[0].argv.push_back(fs::absolute(args.decision_journal).string());
   }
+  // With auto-scaling the gateway starts and stops the servers itself (LocalHostProvider);
+  // otherwise they are this process's children, restarted when they die.
+  const bool scaling = args.max_hosts > args.hosts;
+  if (scaling) {
+    for (const std::string& a :
+         {std::string("--local-hosts"), std::to_string(args.hosts), std::string("--max-hosts"),
+          std::to_string(args.max_hosts), std::string("--scaling-interval-ms"),
+          std::to_string(args.scaling_interval_ms), std::string("--gpus-per-host"),
+          std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
+          std::string("--local-warm-pool"), std::to_string(args.warm_pool)}) {
+      children[0].argv.push_back(a);
+    }
+  }
   // Daemons on one machine get disjoint replica port ranges: one port probed free by two of
   // them would otherwise reach two replicas.
   const daemon::PortRange all_ports;
   const int ports_per_host = all_ports.size() / args.hosts;
-  for (int i = 1; i <= args.hosts; ++i) {
+  for (int i = 1; i <= args.hosts && !scaling; ++i) {
     const std::string id = "host-" + std::to_string(i);
     const int first = all_ports.first + (i - 1) * ports_per_host;
     children.push_back(
@@ -355,6 +410,28 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "this often (0: off)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  gw->add_option("--local-hosts", gw_args->local_hosts,
+                 "Start this many `nbos daemon` servers (virtual GPUs) on this machine and scale "
+                 "between it and --max-hosts (0: servers register on their own)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gw->add_option("--max-hosts", gw_args->local.max_hosts, "Most local servers (auto-scaling)")
+      ->capture_default_str();
+  gw->add_option("--scaling-interval-ms", gw_args->options.scaling_interval_ms,
+                 "How often auto-scaling decides")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gw->add_option("--gpus-per-host", gw_args->local.gpus_per_host, "Virtual GPUs of a local server")
+      ->capture_default_str();
+  gw->add_option("--local-hosts-dir", gw_args->local.state_dir,
+                 "Local servers' state, logs and pid files (default: --state-dir)");
+  gw->add_option("--local-blob-store", gw_args->local.blob_store_url,
+                 "Blob store of local servers (default dir://HOSTS_DIR/blobs)");
+  gw->add_option("--local-warm-pool", gw_args->local.warm_pool,
+                 "Pre-started replica processes per local server")
+      ->capture_default_str();
+  gw->add_option("--local-replica-ports", gw_args->local_ports,
+                 "FIRST-LAST: ports split among local servers");
   gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
 
   auto d_args = std::make_shared<DaemonArgs>();
@@ -393,6 +470,14 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--hosts", up_args->hosts, "Daemons (servers) to start")->capture_default_str();
   up->add_option("--gpus-per-host", up_args->gpus_per_host, "Virtual GPUs per server")
       ->capture_default_str();
+  up->add_option("--max-hosts", up_args->max_hosts,
+                 "Auto-scaling: grow up to this many servers when the load needs them and shrink "
+                 "back to --hosts when idle (default: --hosts, a fixed cluster)")
+      ->capture_default_str();
+  up->add_option("--scaling-interval-ms", up_args->scaling_interval_ms,
+                 "How often auto-scaling decides")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   up->add_option("--port", up_args->port, "Gateway HTTP port (0: any)")->capture_default_str();
   up->add_option("--warm-pool", up_args->warm_pool, "Pre-started replica processes per server")
       ->capture_default_str()
@@ -408,7 +493,7 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--log-level", up_args->log_level)->capture_default_str();
 
   return [=]() -> int {
-    if (*gw) return RunGateway(*gw_args);
+    if (*gw) return RunGateway(*gw_args, self_path);
     if (*d) return RunDaemon(*d_args, self_path);
     if (*up) return RunUp(*up_args, self_path);
     return -1;

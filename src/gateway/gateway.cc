@@ -8,6 +8,7 @@
 
 #include "gateway/control_plane.h"
 #include "gateway/edge_counters.h"
+#include "gateway/host_provider.h"
 #include "gateway/http_api.h"
 #include "gateway/kernel_manager.h"
 #include "gateway/metadata_store.h"
@@ -24,7 +25,12 @@ struct Gateway::Impl {
 
   static sched::SchedulerOptions SchedulerOptionsFor(const GatewayOptions& options) {
     sched::SchedulerOptions o;
-    o.auto_scaling = false;  // no host provider yet
+    o.auto_scaling = options.host_provider != nullptr;
+    o.scaling.min_hosts = options.min_hosts;
+    o.scaling.max_hosts = options.max_hosts;
+    o.scaling.gpus_per_host = std::max(1, options.gpus_per_host);
+    // The cluster's size is what the operator asked for (min_hosts) plus what the load needs.
+    o.scaling.buffer_hosts = 0;
     o.rebalance.enabled = options.rebalance_interval_ms > 0;
     return o;
   }
@@ -45,9 +51,11 @@ struct Gateway::Impl {
   // A kernel whose lost replica could not be replaced (no majority, no server) tries again after
   // this long.
   static constexpr std::chrono::milliseconds kReplacementRetry{2000};
+  // A scale-in whose server could not be emptied in this time is called off.
+  static constexpr std::chrono::milliseconds kReleaseGiveUp{120000};
 
-  // The monitor: expires silent servers, replaces lost replicas and, with rebalancing on, ticks
-  // the scheduler.
+  // The monitor: expires silent servers, moves replicas that must move and, with rebalancing or
+  // auto-scaling on, ticks the scheduler and scales the cluster.
   std::thread monitor;
   Mutex monitor_mu;
   CondVar monitor_cv;
@@ -66,31 +74,78 @@ struct Gateway::Impl {
     return Status::Ok();
   }
 
-  void MonitorRound(SteadyClock::time_point* next_rebalance) {
+  // How often the scheduler ticks: the scaling interval with auto-scaling, else the rebalancing
+  // one; 0: never.
+  int TickIntervalMs() const {
+    if (options.host_provider) return options.scaling_interval_ms;
+    return options.rebalance_interval_ms;
+  }
+
+  void MonitorRound(SteadyClock::time_point* next_tick) {
     control->CheckServers();
     for (const ReplacementPlan& r : registry->PlanReplacements(kReplacementRetry)) {
       spdlog::warn("kernel {}: moving replica {} from {} to {} ({})", r.kernel_id,
                    r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.reason);
       migrator->Start(r.kernel_id, r.plan, r.reason);
     }
-    if (options.rebalance_interval_ms <= 0 || SteadyClock::now() < *next_rebalance) return;
-    *next_rebalance = SteadyClock::now() + std::chrono::milliseconds(options.rebalance_interval_ms);
-    for (const sched::RebalancePlan& r : registry->Tick()) {
-      spdlog::info("kernel {}: moving idle replica {} from {} to {} ({})", r.kernel_id,
-                   r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.plan.reason);
-      migrator->Start(r.kernel_id, r.plan, "rebalancing idle kernels");
+    std::optional<sched::ScalingDecision> scaling;
+    if (TickIntervalMs() > 0 && SteadyClock::now() >= *next_tick) {
+      *next_tick = SteadyClock::now() + std::chrono::milliseconds(TickIntervalMs());
+      Registry::TickOutcome tick = registry->Tick();
+      for (const sched::RebalancePlan& r : tick.rebalance) {
+        spdlog::info("kernel {}: moving idle replica {} from {} to {} ({})", r.kernel_id,
+                     r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.plan.reason);
+        migrator->Start(r.kernel_id, r.plan, "rebalancing idle kernels");
+      }
+      scaling = std::move(tick.scaling);
+    }
+    if (options.host_provider) Scale(scaling);
+  }
+
+  // Carries out auto-scaling: servers asked for (the tick's add_hosts, or one when something
+  // found no server), releases begun for the tick's idle servers, emptied servers removed.
+  void Scale(const std::optional<sched::ScalingDecision>& decision) {
+    HostProvider& provider = *options.host_provider;
+    provider.Poll();
+    for (const std::string& id : provider.Pending())
+      if (registry->ServerAlive(id)) provider.OnRegistered(id);
+    int wanted = decision ? decision->add_hosts : 0;
+    std::string reason = decision ? decision->reason : "";
+    if (std::string why; registry->TakeScaleOutWanted(&why) && wanted == 0) {
+      wanted = 1;
+      reason = why;
+    }
+    if (wanted > 0 && provider.Pending().empty()) {
+      if (auto added = provider.AddServers(wanted); added.ok()) {
+        spdlog::info("scaling out by {} server(s): {}", added->size(), reason);
+        registry->NoteScaleOut(*added, reason);
+      } else {
+        spdlog::warn("scaling out: {}", added.status().ToString());
+      }
+    }
+    if (decision) {
+      for (const std::string& id : decision->release_server_ids)
+        if (provider.Owns(id)) (void)registry->BeginRelease(id, decision->reason);
+    }
+    for (const std::string& id : registry->EmptiedServers(kReleaseGiveUp)) {
+      if (!provider.Owns(id)) continue;
+      if (Status s = provider.RemoveServer(id); !s.ok()) {
+        spdlog::warn("scaling in {}: {}", id, s.ToString());
+        continue;
+      }
+      registry->RemoveServer(id, "scale-in: idle and emptied");
     }
   }
 
   void Monitor() {
-    SteadyClock::time_point next_rebalance = SteadyClock::now();
+    SteadyClock::time_point next_tick = SteadyClock::now();
     MutexLock lock(&monitor_mu);
     while (!stopping) {
       monitor_cv.WaitFor(&monitor_mu, std::chrono::milliseconds(500));
       if (stopping) break;
       lock.Unlock();
       try {
-        MonitorRound(&next_rebalance);
+        MonitorRound(&next_tick);
       } catch (const std::exception& e) {
         ++monitor_exceptions;
         spdlog::error("gateway monitor: {}", e.what());
@@ -125,6 +180,13 @@ struct Gateway::Impl {
         registry.get());
     if (!control_plane.ok()) return control_plane.status();
     control = std::move(*control_plane);
+    if (auto& provider = options.host_provider) {
+      if (const int missing = options.min_hosts - provider->Count(); missing > 0) {
+        auto added = provider->AddServers(missing);
+        if (!added.ok()) return added.status();
+        registry->NoteScaleOut(*added, "the cluster's first servers", /*scale_out=*/false);
+      }
+    }
     HttpApiOptions ho;
     ho.token = options.token;
     ho.kernelspec_name = options.kernelspec_name;
@@ -160,6 +222,7 @@ struct Gateway::Impl {
     if (migrator) migrator->Stop();
     if (kernels) kernels->Stop();
     if (planner) planner->Stop();
+    if (options.host_provider) options.host_provider->Shutdown();
   }
 };
 

@@ -18,6 +18,8 @@
 
 namespace nbos::gateway {
 
+class HostProvider;
+
 struct GatewayOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 8888;                         // 0: ephemeral
@@ -47,6 +49,15 @@ struct GatewayOptions {
   // round, each kernel at most once in 5 minutes) to a server that can, as a live migration
   // between cells (sched/rebalance.h). 0: off; a cell then migrates when it arrives.
   int rebalance_interval_ms = 0;
+  // Auto-scaling (host_provider.h): servers are asked for and given back through this provider,
+  // between min_hosts and max_hosts servers of gpus_per_host GPUs, decided every
+  // scaling_interval_ms (and at once when a cell finds no server with GPUs to take it). Null: a
+  // fixed cluster. The provider is told to Shutdown() when the gateway stops.
+  std::shared_ptr<HostProvider> host_provider;
+  int scaling_interval_ms = 15000;
+  int min_hosts = 3;
+  int max_hosts = 3;
+  int gpus_per_host = 1;
 };
 
 class Gateway {

@@ -415,6 +415,15 @@ Json HttpApi::ClusterJson() const {
                            {"replacements_done", snap.counters.replacements_done},
                            {"replacement_ms", snap.counters.replacement_ms}};
   for (const KernelRecord& k : snap.kernels) out["kernels"].push_back(KernelJson(k, statuses));
+  out["pending_servers"] = snap.pending_servers;
+  Json events = Json::array();
+  for (const RegistryCounters::ScaleEvent& e : snap.counters.scale_events) {
+    events.push_back(Json{
+        {"at_ms", e.at_ms}, {"kind", e.kind}, {"server_ids", e.server_ids}, {"reason", e.reason}});
+  }
+  out["scaling"] = Json{{"scale_outs", snap.counters.scale_outs},
+                        {"scale_ins", snap.counters.scale_ins},
+                        {"events", std::move(events)}};
   return out;
 }
 
@@ -443,7 +452,9 @@ std::string HttpApi::Metrics() const {
       counter("nbos_replica_replacements_total", "Lost replicas replaced by new ones");
   auto& replicas_gauge =
       gauge("nbos_replicas", "Replicas by state (live, lost, starting, leaving, joining)");
-  auto& servers_gauge = gauge("nbos_servers", "Servers by state (alive, lost, draining)");
+  auto& servers_gauge = gauge("nbos_servers", "Servers by state (alive, lost, draining, pending)");
+  auto& scaling =
+      counter("nbos_scaling_servers_total", "Servers added (out) and removed (in) by auto-scaling");
   auto& rejected = counter("nbos_client_messages_rejected_total",
                            "Kernel WebSocket messages refused at the gateway, by reason");
   auto& rejected_rest = counter("nbos_rest_requests_rejected_total",
@@ -471,6 +482,7 @@ std::string HttpApi::Metrics() const {
   for (const auto& [view, s] : snap.servers) {
     if (s) ++server_states[s->draining ? "draining" : s->alive ? "alive" : "lost"];
   }
+  server_states["pending"] = static_cast<int>(snap.pending_servers.size());
   for (const auto& [state, n] : server_states) servers_gauge.Add({{"state", state}}).Set(n);
   std::map<std::string, int> replica_states{
       {"live", 0}, {"lost", 0}, {"starting", 0}, {"leaving", 0}, {"joining", 0}};
@@ -485,6 +497,8 @@ std::string HttpApi::Metrics() const {
   migrations.Add({{"outcome", "done"}}).Increment(static_cast<double>(c.migrations_done));
   migrations.Add({{"outcome", "failed"}}).Increment(static_cast<double>(c.migrations_failed));
   replacements.Add({}).Increment(static_cast<double>(c.replacements_done));
+  scaling.Add({{"direction", "out"}}).Increment(static_cast<double>(c.scale_outs));
+  scaling.Add({{"direction", "in"}}).Increment(static_cast<double>(c.scale_ins));
   const SessionTotals totals = SumSessions(snap.kernels);
   const uint64_t caught = totals.exceptions_caught + (exceptions_ ? exceptions_() : 0);
   for (const auto& [state, n] : totals.states) kernels_gauge.Add({{"state", state}}).Set(n);

@@ -31,6 +31,8 @@ int64_t Registry::NowMs() const {
 
 void Registry::OnRegister(const control::RegisterRequest& req) {
   MutexLock lock(&mu_);
+  pending_servers_.erase(req.server_id());
+  last_registration_ = SteadyClock::now();
   ServerRecord& s = servers_[req.server_id()];
   s.server_id = req.server_id();
   if (!s.client || s.client->address() != req.daemon_address())
@@ -327,7 +329,8 @@ Result<ExecutorCandidates> Registry::RequestExecutor(const std::string& kernel_i
           m.scale_out_needed ? " (scale-out needed: " + m.reason + ")" : "");
     }
     auto k = kernels_.find(kernel_id);
-    // No host provider yet: a plan without a target waits for GPUs to free up.
+    if (m.scale_out_needed) WantScaleOut("a cell needs GPUs no server has free: " + m.reason);
+    // A plan without a target waits for GPUs to free up or a server to be added.
     if (!m.scale_out_needed && !m.to_server_id.empty() && k != kernels_.end() &&
         !k->second.migrating && SteadyClock::now() >= k->second.migration_retry_after) {
       k->second.migrating = true;
@@ -364,19 +367,110 @@ void Registry::OnGrantReleased(const std::string& kernel_id, ReplicaId replica,
   }
 }
 
-std::vector<sched::RebalancePlan> Registry::Tick() {
+Registry::TickOutcome Registry::Tick() {
   MutexLock lock(&mu_);
-  std::vector<sched::RebalancePlan> plans;
-  for (sched::RebalancePlan& r : scheduler_.OnTick(NowMs()).rebalance) {
+  TickOutcome out;
+  sched::TickDecision tick = scheduler_.OnTick(NowMs());
+  if (tick.scaling_evaluated) out.scaling = tick.scaling;
+  for (sched::RebalancePlan& r : tick.rebalance) {
     auto k = kernels_.find(r.kernel_id);
     if (k == kernels_.end() || k->second.migrating ||
         SteadyClock::now() < k->second.migration_retry_after) {
       continue;
     }
     k->second.migrating = true;
-    plans.push_back(std::move(r));
+    out.rebalance.push_back(std::move(r));
   }
-  return plans;
+  return out;
+}
+
+// ---- scaling ----------------------------------------------------------------------------------
+
+// A server on its way, or one that registered a moment ago, is what a waiting cell needs: it finds
+// it at its next plan (every few ms), so a want from before then asks for nothing more.
+void Registry::WantScaleOut(const std::string& reason) {
+  constexpr auto kRegistrationSettle = std::chrono::seconds(2);
+  if (!pending_servers_.empty() || SteadyClock::now() - last_registration_ < kRegistrationSettle) {
+    return;
+  }
+  scale_out_wanted_ = true;
+  scale_out_reason_ = reason;
+}
+
+bool Registry::TakeScaleOutWanted(std::string* reason) {
+  MutexLock lock(&mu_);
+  const bool wanted = scale_out_wanted_;
+  scale_out_wanted_ = false;
+  *reason = scale_out_reason_;
+  return wanted;
+}
+
+void Registry::RecordScaleEvent(std::string kind, std::vector<std::string> ids,
+                                std::string reason) {
+  constexpr size_t kScaleEventsRemembered = 50;
+  counters_.scale_events.push_back({NowMs(), std::move(kind), std::move(ids), std::move(reason)});
+  if (counters_.scale_events.size() > kScaleEventsRemembered)
+    counters_.scale_events.erase(counters_.scale_events.begin());
+}
+
+void Registry::NoteScaleOut(const std::vector<std::string>& server_ids, const std::string& reason,
+                            bool scale_out) {
+  MutexLock lock(&mu_);
+  for (const std::string& id : server_ids)
+    if (!servers_.count(id)) pending_servers_.insert(id);
+  if (!scale_out) return;
+  counters_.scale_outs += server_ids.size();
+  RecordScaleEvent("out", server_ids, reason);
+}
+
+bool Registry::BeginRelease(const std::string& server_id, const std::string& reason) {
+  MutexLock lock(&mu_);
+  auto s = servers_.find(server_id);
+  if (s == servers_.end() || !s->second.alive || s->second.draining) return false;
+  s->second.draining = s->second.releasing = true;
+  s->second.release_started = SteadyClock::now();
+  if (Status st = scheduler_.OnServerAccepting(NowMs(), server_id, false); !st.ok()) {
+    spdlog::warn("server {}: {}", server_id, st.ToString());
+  }
+  spdlog::info("server {}: released for scale-in ({}); moving its replicas off", server_id, reason);
+  return true;
+}
+
+std::vector<std::string> Registry::EmptiedServers(std::chrono::milliseconds give_up) {
+  MutexLock lock(&mu_);
+  std::set<std::string> busy;
+  for (const auto& [id, k] : kernels_) {
+    for (const StoredReplica& r : k.meta.replicas) busy.insert(r.server_id);
+    if (k.migration) busy.insert(k.migration->to_server_id);
+  }
+  std::vector<std::string> emptied;
+  const auto now = SteadyClock::now();
+  for (auto& [id, s] : servers_) {
+    if (!s.releasing) continue;
+    const sched::ServerView* view = scheduler_.cluster().FindServer(id);
+    const bool idle =
+        view != nullptr && view->committed.gpus == 0 && s.status.ledger().committed().gpus() == 0;
+    if (!busy.count(id) && idle) {
+      emptied.push_back(id);
+    } else if (now - s.release_started > give_up) {
+      spdlog::warn("server {}: could not be emptied for scale-in; it accepts replicas again", id);
+      s.draining = s.releasing = false;
+      if (Status st = scheduler_.OnServerAccepting(NowMs(), id, true); !st.ok()) {
+        spdlog::warn("server {}: {}", id, st.ToString());
+      }
+    }
+  }
+  return emptied;
+}
+
+void Registry::RemoveServer(const std::string& server_id, const std::string& reason) {
+  MutexLock lock(&mu_);
+  servers_.erase(server_id);
+  if (Status st = scheduler_.OnServerLeft(NowMs(), server_id); !st.ok()) {
+    spdlog::warn("server {}: {}", server_id, st.ToString());
+  }
+  ++counters_.scale_ins;
+  RecordScaleEvent("in", {server_id}, reason);
 }
 
 // ---- migration --------------------------------------------------------------------------------
@@ -430,6 +524,9 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
     }
     auto plan = scheduler_.RequestMove(NowMs(), {id, lost, "", WarmServers()});
     if (!plan.ok() || plan->scale_out_needed || plan->to_server_id.empty()) {
+      if (plan.ok() && plan->scale_out_needed) {
+        WantScaleOut("no server can take a replica that must move: " + plan->reason);
+      }
       k.migration_retry_after = now + retry;
       spdlog::warn("kernel {}: no server can take a replacement for replica {}: {}", id, lost,
                    plan.ok() ? plan->reason : plan.status().ToString());
@@ -554,6 +651,7 @@ RegistrySnapshot Registry::Snapshot() const {
   for (const auto& [id, k] : kernels_) out.kernels.push_back(k);
   out.cluster_ratio = scheduler_.ratio().value();
   out.counters = counters_;
+  out.pending_servers.assign(pending_servers_.begin(), pending_servers_.end());
   return out;
 }
 

@@ -57,7 +57,9 @@ struct ServerRecord {
   std::shared_ptr<daemon::DaemonClient> client;
   bool gpus_virtual = false;
   bool alive = true;
-  bool draining = false;  // takes no new replicas; its replicas are moved off
+  bool draining = false;   // takes no new replicas; its replicas are moved off
+  bool releasing = false;  // draining for scale-in: removed once empty
+  SteadyClock::time_point release_started{};
   SteadyClock::time_point last_seen;
   control::ServerStatus status;
   // Replicas this daemon runs that belong to no kernel, as of the last heartbeat; stopped when
@@ -95,6 +97,15 @@ struct RegistryCounters {
   uint64_t migrations_done = 0, migrations_failed = 0;
   std::vector<int64_t> migration_ms;  // the last 100 migrations' durations
   uint64_t replacements_done = 0;
+  uint64_t scale_outs = 0, scale_ins = 0;  // servers asked for, servers removed
+  // The last 50 scaling events, oldest first.
+  struct ScaleEvent {
+    int64_t at_ms = 0;  // the scheduler's clock
+    std::string kind;   // "out" (servers asked for) or "in" (a server removed)
+    std::vector<std::string> server_ids;
+    std::string reason;
+  };
+  std::vector<ScaleEvent> scale_events;
   // The last 100 replacements of lost replicas: from the loss seen to the new replica answering.
   std::vector<int64_t> replacement_ms;
 };
@@ -112,6 +123,7 @@ struct RegistrySnapshot {
   std::vector<KernelRecord> kernels;
   double cluster_ratio = 0;
   RegistryCounters counters;
+  std::vector<std::string> pending_servers;  // asked of the host provider, not registered yet
 };
 
 class Registry {
@@ -175,8 +187,31 @@ class Registry {
   void OnGrantRefused() EXCLUDES(mu_);
   void OnGrantReleased(const std::string& kernel_id, ReplicaId replica,
                        const std::string& server_id, int gpus) EXCLUDES(mu_);
-  // A scheduler tick; its rebalance plans whose kernels could be marked migrating.
-  std::vector<sched::RebalancePlan> Tick() EXCLUDES(mu_);
+  // A scheduler tick: its rebalance plans whose kernels could be marked migrating, and its
+  // scaling decision when one was evaluated.
+  struct TickOutcome {
+    std::vector<sched::RebalancePlan> rebalance;
+    std::optional<sched::ScalingDecision> scaling;
+  };
+  TickOutcome Tick() EXCLUDES(mu_);
+
+  // ---- scaling ----
+  // Whether some cell, replacement or start found no server able to take it since the last call
+  // (the scheduler said scale_out_needed); clears the flag. `reason` gets the last such reason.
+  bool TakeScaleOutWanted(std::string* reason) EXCLUDES(mu_);
+  // Servers asked of the host provider: pending until they register. A scale-out (not the
+  // cluster's first servers) is counted and listed among the scaling events.
+  void NoteScaleOut(const std::vector<std::string>& server_ids, const std::string& reason,
+                    bool scale_out = true) EXCLUDES(mu_);
+  // Scale-in of one server: it drains (PlanReplacements moves its replicas off) and is reported
+  // by EmptiedServers once it holds nothing. False: unknown, lost, or already on its way out.
+  bool BeginRelease(const std::string& server_id, const std::string& reason) EXCLUDES(mu_);
+  // Releasing servers that hold no replica, no migration target and no committed GPUs (in the
+  // scheduler's view and in their daemon's ledger). A release that could not empty its server
+  // within `give_up` ends: the server accepts replicas again.
+  std::vector<std::string> EmptiedServers(std::chrono::milliseconds give_up) EXCLUDES(mu_);
+  // Forgets a removed server (the scheduler's ServerLeft).
+  void RemoveServer(const std::string& server_id, const std::string& reason) EXCLUDES(mu_);
   // Kernels with a replica that must move and a live majority, not migrating and not backing
   // off: each is marked migrating and gets the scheduler's plan to move that replica. A replica
   // must move when it is lost (its server missed its heartbeats, or its daemon reports it exited
@@ -228,6 +263,13 @@ class Registry {
   std::map<std::string, KernelRecord> kernels_ GUARDED_BY(mu_);
   RegistryCounters counters_ GUARDED_BY(mu_);
   std::set<std::string> logged_migration_ GUARDED_BY(mu_);  // exec ids whose wait was logged
+  void WantScaleOut(const std::string& reason) REQUIRES(mu_);
+  void RecordScaleEvent(std::string kind, std::vector<std::string> ids, std::string reason)
+      REQUIRES(mu_);
+  bool scale_out_wanted_ GUARDED_BY(mu_) = false;
+  std::set<std::string> pending_servers_ GUARDED_BY(mu_);
+  SteadyClock::time_point last_registration_ GUARDED_BY(mu_){};
+  std::string scale_out_reason_ GUARDED_BY(mu_);
 };
 
 }  // namespace nbos::gateway

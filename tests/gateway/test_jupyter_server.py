@@ -2,7 +2,6 @@
 the same outputs as on ipykernel; interrupt, restart and shutdown work through its REST API."""
 
 import asyncio
-import pathlib
 import re
 import time
 

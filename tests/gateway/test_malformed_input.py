@@ -7,7 +7,6 @@ stream are untouched."""
 import json
 import re
 import threading
-import time
 import urllib.request
 
 import websocket

@@ -1,0 +1,26 @@
+// Starting child processes from a multi-threaded program (the daemon's replicas, the gateway's
+// local servers): posix_spawn, which glibc implements like vfork, so no other thread's locks are
+// copied into the child.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nbos {
+
+// This process's environment as NAME=VALUE strings, with `overrides` applied in order.
+std::vector<std::string> BuildEnvironment(
+    const std::vector<std::map<std::string, std::string>>& overrides);
+
+// Starts `argv` in its own process group with default signal handling and mask, stdin from
+// `stdin_fd` (-1: /dev/null), stdout and stderr to `log_fd`, no other inherited descriptors, in
+// `cwd`. Returns the pid. Errors: Internal with errno's text.
+Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
+                           int stdin_fd, int log_fd, const std::string& cwd);
+
+}  // namespace nbos
