@@ -52,6 +52,7 @@ bench: bootstrap build
 	$(PY) bench/gateway_bench.py --nbos build/bin/nbos
 	$(PY) bench/kernel_start_bench.py --nbos build/bin/nbos
 	$(PY) bench/migration_bench.py --nbos build/bin/nbos
+	$(PY) bench/healing_bench.py --nbos build/bin/nbos
 	$(PY) bench/sim_bench.py --nbos build/bin/nbos
 	build/bin/store_throughput
 

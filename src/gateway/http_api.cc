@@ -36,13 +36,13 @@ http::Response NoContent() {
 }
 
 // live: a group member its daemon runs; lost: its server or process is gone (it is being or will
-// be replaced); leaving: a migration replaces it; starting: no heartbeat has reported it yet;
+// be replaced); leaving: a migration moves it; starting: no heartbeat has reported it yet;
 // joining (listed separately): the new member a migration adds.
 const char* ReplicaState(const KernelRecord& k, ReplicaId replica) {
-  if (k.migration && k.migration->leaving_replica == replica) return "leaving";
   auto live = k.replica_live.find(replica);
-  if (live == k.replica_live.end()) return "starting";
-  return live->second ? "live" : "lost";
+  if (live != k.replica_live.end() && !live->second) return "lost";  // also while replaced
+  if (k.migration && k.migration->leaving_replica == replica) return "leaving";
+  return live == k.replica_live.end() ? "starting" : "live";
 }
 
 Json ResourcesJson(const sched::Resources& r) {
