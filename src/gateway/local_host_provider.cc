@@ -76,25 +76,26 @@ Status LocalHostProvider::Start(const std::string& id) {
   const int index = std::stoi(id.substr(5));
   const int per_host = options_.ports.size() / options_.max_hosts;
   const int first = options_.ports.first + (index - 1) * per_host;
-  std::vector<std::string> argv = {options_.nbos_binary,
-                                   "daemon",
-                                   "--server-id",
-                                   id,
-                                   "--gateway",
-                                   options_.control_address,
-                                   "--gpus",
-                                   std::to_string(options_.gpus_per_host),
-                                   "--virtual-gpus",
-                                   "--state-dir",
-                                   options_.state_dir + "/" + id,
-                                   "--blob-store",
-                                   options_.blob_store_url,
-                                   "--replica-ports",
-                                   std::to_string(first) + "-" + std::to_string(first + per_host - 1),
-                                   "--warm-pool",
-                                   std::to_string(options_.warm_pool),
-                                   "--log-level",
-                                   options_.log_level};
+  std::vector<std::string> argv = {
+      options_.nbos_binary,
+      "daemon",
+      "--server-id",
+      id,
+      "--gateway",
+      options_.control_address,
+      "--gpus",
+      std::to_string(options_.gpus_per_host),
+      "--virtual-gpus",
+      "--state-dir",
+      options_.state_dir + "/" + id,
+      "--blob-store",
+      options_.blob_store_url,
+      "--replica-ports",
+      std::to_string(first) + "-" + std::to_string(first + per_host - 1),
+      "--warm-pool",
+      std::to_string(options_.warm_pool),
+      "--log-level",
+      options_.log_level};
   std::vector<std::string> envp = BuildEnvironment({});
   const std::string log_path = options_.state_dir + "/logs/" + id + ".log";
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -26,7 +26,7 @@ struct LocalHostOptions {
   std::string blob_store_url;   // shared by every server's replicas
   int gpus_per_host = 1;
   int warm_pool = 1;
-  int max_hosts = 3;  // ids host-1 .. host-max_hosts
+  int max_hosts = 3;        // ids host-1 .. host-max_hosts
   daemon::PortRange ports;  // split evenly among max_hosts servers
   std::string log_level = "info";
 };

@@ -501,6 +501,13 @@ ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) co
   return 0;
 }
 
+// Logged when the reason a kernel waits changes, not every retry.
+void Registry::LogMoveWait(KernelRecord& k, std::string why) {
+  if (why == k.move_wait_logged) return;
+  spdlog::warn("kernel {}: {}", k.meta.kernel_id, why);
+  k.move_wait_logged = std::move(why);
+}
+
 std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::milliseconds retry) {
   MutexLock lock(&mu_);
   std::vector<ReplacementPlan> plans;
@@ -511,6 +518,7 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
     const ReplicaId lost = ReplicaToMove(k, &reason);
     if (lost == 0) {
       k.lost_since.clear();  // replicas seen lost came back
+      k.move_wait_logged.clear();
       continue;
     }
     if (!k.replica_live.count(lost) || !k.replica_live.at(lost)) k.lost_since.emplace(lost, now);
@@ -518,8 +526,8 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
     for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
     if (2 * live <= k.meta.replicas.size()) {
       k.migration_retry_after = now + retry;
-      spdlog::warn("kernel {}: {} of {} replicas live; waiting for a majority to replace one", id,
-                   live, k.meta.replicas.size());
+      LogMoveWait(k, fmt::format("{} of {} replicas live; waiting for a majority to replace one",
+                                 live, k.meta.replicas.size()));
       continue;
     }
     auto plan = scheduler_.RequestMove(NowMs(), {id, lost, "", WarmServers()});
@@ -528,8 +536,8 @@ std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::millisecond
         WantScaleOut("no server can take a replica that must move: " + plan->reason);
       }
       k.migration_retry_after = now + retry;
-      spdlog::warn("kernel {}: no server can take a replacement for replica {}: {}", id, lost,
-                   plan.ok() ? plan->reason : plan.status().ToString());
+      LogMoveWait(k, fmt::format("no server can take a replacement for replica {}: {}", lost,
+                                 plan.ok() ? plan->reason : plan.status().ToString()));
       continue;
     }
     k.migrating = true;

@@ -48,6 +48,7 @@ struct KernelRecord {
   std::optional<MigrationInProgress> migration;  // set while one runs
   // When the gateway first saw each replica lost (for the time to replace it).
   std::map<ReplicaId, SteadyClock::time_point> lost_since;
+  std::string move_wait_logged;  // why a replica that must move waits, as last logged
   SteadyClock::time_point migration_retry_after{};
   uint32_t last_replica_id = 0;  // replica ids are never reused within a kernel
 };
@@ -255,6 +256,7 @@ class Registry {
   // none must. `reason` says why.
   ReplicaId ReplicaToMove(const KernelRecord& kernel, std::string* reason) const REQUIRES(mu_);
   std::set<std::string, std::less<>> WarmServers() const REQUIRES(mu_);
+  static void LogMoveWait(KernelRecord& kernel, std::string why);
 
   const SteadyClock::time_point started_ = SteadyClock::now();
   mutable Mutex mu_;

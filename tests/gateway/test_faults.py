@@ -5,12 +5,13 @@ deleted while their daemons were not registered, or lost from the gateway's data
 stopped."""
 
 import os
+import signal
 import sqlite3
 import time
 
 import pytest
 
-from cluster import SplitCluster, is_replica_of, rest_call
+from cluster import KernelSocket, SplitCluster, is_replica_of, rest_call
 
 
 @pytest.fixture
@@ -84,3 +85,47 @@ def test_a_replica_that_cannot_start_fails_the_kernel_start_quickly(split_cluste
         time.sleep(0.2)
         replicas = [p for p in replicas if is_replica_of(p, ps.root)]
     assert rest_call(url, token, "GET", "/api/kernels")[0] == 200
+
+
+def test_a_frozen_daemon_stalls_no_kernel_session(healthy_split_cluster):
+    """A cell whose grant is asked of a daemon that stopped answering (SIGSTOP: the RPC hangs
+    until its deadline) waits off the kernel's session: an interrupt is answered at once with
+    KeyboardInterrupt, and another kernel's cells run meanwhile."""
+    c = healthy_split_cluster
+    a = rest_call(c.url, c.token, "POST", "/api/kernels",
+                  {"name": "nbos", "env": {"KERNEL_GPUS": "1"}})[1]["id"]
+    b = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})[1]["id"]
+    ka, kb = KernelSocket(c.url, a, c.token), KernelSocket(c.url, b, c.token)
+    view = rest_call(c.url, c.token, "GET", "/api/nbos/cluster")[1]
+    target = next(k for k in view["kernels"] if k["id"] == a)["replicas"][0]
+    frozen = c.daemons[int(target["server_id"].split("-")[1])]
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        msg_id = ka.send("execute_request", {
+            "code": "1", "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True},
+            metadata={"nbos": {"target_replica": target["replica_id"]}})
+        # Kernel b (no GPUs: no daemon call) runs a cell with output while a's grant hangs.
+        reply, iopub = kb.execute("for i in range(5): print(i)")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "0\n1\n2\n3\n4\n", text
+        # Kernel a's own session answers an interrupt of the waiting cell before the hung
+        # Grant returns: the cell ends with KeyboardInterrupt, not with the RPC's failure.
+        int_id = ka.send("interrupt_request", {}, channel="control")
+        reply, _ = ka.wait_for(msg_id)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        assert "waiting for an executor" in reply["content"]["evalue"], reply["content"]
+        while True:  # the gateway answers an interrupt itself: a reply, no busy/idle
+            m = ka.recv()
+            if m.get("parent_header", {}).get("msg_id") == int_id:
+                break
+        assert m["msg_type"] == "interrupt_reply" and m["content"]["status"] == "ok", m
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    reply, _ = ka.execute("2", metadata={"nbos": {"gpus": 0}})
+    assert reply["content"]["status"] == "ok", reply["content"]
+    ka.close()
+    kb.close()
+    for k in (a, b):
+        assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{k}")[0] == 204
