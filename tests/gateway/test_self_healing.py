@@ -69,15 +69,19 @@ def expected_digest():
     return hashlib.sha256(a + t + b"heal,heal,heal,heal,heal").hexdigest()
 
 
-def test_lost_servers_replicas_are_replaced_and_the_kernel_keeps_its_state(cluster):
-    c = cluster
+def kernel_with_state(c):
+    """A new kernel holding STATE: (its id, a socket to it, its entry in the cluster view)."""
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
+    ks = KernelSocket(c.url, model["id"], c.token)
     reply, _ = ks.execute(STATE)
     assert reply["content"]["status"] == "ok", reply["content"]
-    kernel, _ = kernel_view(c, kid)
+    return model["id"], ks, kernel_view(c, model["id"])[0]
+
+
+def test_lost_servers_replicas_are_replaced_and_the_kernel_keeps_its_state(cluster):
+    c = cluster
+    kid, ks, kernel = kernel_with_state(c)
     first = {r["server_id"]: r["replica_id"] for r in kernel["replicas"]}
     assert len(first) == 3
 
@@ -207,13 +211,7 @@ def wait_migration_done(c, kid, seen):
 
 def test_operator_drains_a_server_and_migrates_a_replica(cluster):
     c = cluster
-    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
-    assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute(STATE)
-    assert reply["content"]["status"] == "ok", reply["content"]
-    kernel, _ = kernel_view(c, kid)
+    kid, ks, kernel = kernel_with_state(c)
     servers = {r["server_id"]: r["replica_id"] for r in kernel["replicas"]}
 
     # Bad requests change nothing.
