@@ -262,6 +262,18 @@ void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
   }
 }
 
+// The gateway's arguments that make it start and scale the servers itself.
+void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
+  for (std::string a :
+       {std::string("--local-hosts"), std::to_string(args.hosts), std::string("--max-hosts"),
+        std::to_string(args.max_hosts), std::string("--scaling-interval-ms"),
+        std::to_string(args.scaling_interval_ms), std::string("--gpus-per-host"),
+        std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
+        std::string("--local-warm-pool"), std::to_string(args.warm_pool)}) {
+    argv->push_back(std::move(a));
+  }
+}
+
 int RunUp(UpArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   if (args.hosts < 3 || args.hosts > 64) {
@@ -308,16 +320,7 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   // With auto-scaling the gateway starts and stops the servers itself (LocalHostProvider);
   // otherwise they are this process's children, restarted when they die.
   const bool scaling = args.max_hosts > args.hosts;
-  if (scaling) {
-    for (const std::string& a :
-         {std::string("--local-hosts"), std::to_string(args.hosts), std::string("--max-hosts"),
-          std::to_string(args.max_hosts), std::string("--scaling-interval-ms"),
-          std::to_string(args.scaling_interval_ms), std::string("--gpus-per-host"),
-          std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
-          std::string("--local-warm-pool"), std::to_string(args.warm_pool)}) {
-      children[0].argv.push_back(a);
-    }
-  }
+  if (scaling) AppendLocalHostArgs(args, &children[0].argv);
   // Daemons on one machine get disjoint replica port ranges: one port probed free by two of
   // them would otherwise reach two replicas.
   const daemon::PortRange all_ports;

@@ -397,6 +397,45 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
               {"migration", std::move(migration)}};
 }
 
+// What self-healing and scaling show: servers and replicas by state, replacements, servers added
+// and removed.
+void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* registry) {
+  const RegistryCounters& c = snap.counters;
+  prometheus::BuildCounter()
+      .Name("nbos_replica_replacements_total")
+      .Help("Lost replicas replaced by new ones")
+      .Register(*registry)
+      .Add({})
+      .Increment(static_cast<double>(c.replacements_done));
+  auto& scaling = prometheus::BuildCounter()
+                      .Name("nbos_scaling_servers_total")
+                      .Help("Servers added (out) and removed (in) by auto-scaling")
+                      .Register(*registry);
+  scaling.Add({{"direction", "out"}}).Increment(static_cast<double>(c.scale_outs));
+  scaling.Add({{"direction", "in"}}).Increment(static_cast<double>(c.scale_ins));
+  auto& servers_gauge = prometheus::BuildGauge()
+                            .Name("nbos_servers")
+                            .Help("Servers by state (alive, lost, draining, pending)")
+                            .Register(*registry);
+  auto& replicas_gauge = prometheus::BuildGauge()
+                             .Name("nbos_replicas")
+                             .Help("Replicas by state (live, lost, starting, leaving, joining)")
+                             .Register(*registry);
+  std::map<std::string, int> server_states{{"alive", 0}, {"lost", 0}, {"draining", 0}};
+  for (const auto& [view, s] : snap.servers) {
+    if (s) ++server_states[s->draining ? "draining" : s->alive ? "alive" : "lost"];
+  }
+  server_states["pending"] = static_cast<int>(snap.pending_servers.size());
+  for (const auto& [state, n] : server_states) servers_gauge.Add({{"state", state}}).Set(n);
+  std::map<std::string, int> replica_states{
+      {"live", 0}, {"lost", 0}, {"starting", 0}, {"leaving", 0}, {"joining", 0}};
+  for (const KernelRecord& k : snap.kernels) {
+    for (const StoredReplica& r : k.meta.replicas) ++replica_states[ReplicaState(k, r.replica_id)];
+    if (k.migration) ++replica_states["joining"];
+  }
+  for (const auto& [state, n] : replica_states) replicas_gauge.Add({{"state", state}}).Set(n);
+}
+
 }  // namespace
 
 Json HttpApi::ClusterJson() const {
@@ -448,8 +487,6 @@ std::string HttpApi::Metrics() const {
   auto& executions = counter("nbos_executions_total",
                              "Executions sent to replicas, and those that waited for GPUs");
   auto& migrations = counter("nbos_migrations_total", "Replica migrations by outcome");
-  auto& replacements =
-      counter("nbos_replica_replacements_total", "Lost replicas replaced by new ones");
   auto& replicas_gauge =
       gauge("nbos_replicas", "Replicas by state (live, lost, starting, leaving, joining)");
   auto& servers_gauge = gauge("nbos_servers", "Servers by state (alive, lost, draining, pending)");
@@ -478,27 +515,12 @@ std::string HttpApi::Metrics() const {
     launches.Add({{"server", id}, {"from", "cold"}}).Increment(static_cast<double>(w.cold()));
   }
   ratio_gauge.Add({{"server", ""}}).Set(snap.cluster_ratio);
-  std::map<std::string, int> server_states{{"alive", 0}, {"lost", 0}, {"draining", 0}};
-  for (const auto& [view, s] : snap.servers) {
-    if (s) ++server_states[s->draining ? "draining" : s->alive ? "alive" : "lost"];
-  }
-  server_states["pending"] = static_cast<int>(snap.pending_servers.size());
-  for (const auto& [state, n] : server_states) servers_gauge.Add({{"state", state}}).Set(n);
-  std::map<std::string, int> replica_states{
-      {"live", 0}, {"lost", 0}, {"starting", 0}, {"leaving", 0}, {"joining", 0}};
-  for (const KernelRecord& k : snap.kernels) {
-    for (const StoredReplica& r : k.meta.replicas) ++replica_states[ReplicaState(k, r.replica_id)];
-    if (k.migration) ++replica_states["joining"];
-  }
-  for (const auto& [state, n] : replica_states) replicas_gauge.Add({{"state", state}}).Set(n);
+  AddHealingSeries(snap, &registry);
   const RegistryCounters& c = snap.counters;
   grants.Add({{"outcome", "granted"}}).Increment(static_cast<double>(c.grants_made));
   grants.Add({{"outcome", "refused"}}).Increment(static_cast<double>(c.grants_refused));
   migrations.Add({{"outcome", "done"}}).Increment(static_cast<double>(c.migrations_done));
   migrations.Add({{"outcome", "failed"}}).Increment(static_cast<double>(c.migrations_failed));
-  replacements.Add({}).Increment(static_cast<double>(c.replacements_done));
-  scaling.Add({{"direction", "out"}}).Increment(static_cast<double>(c.scale_outs));
-  scaling.Add({{"direction", "in"}}).Increment(static_cast<double>(c.scale_ins));
   const SessionTotals totals = SumSessions(snap.kernels);
   const uint64_t caught = totals.exceptions_caught + (exceptions_ ? exceptions_() : 0);
   for (const auto& [state, n] : totals.states) kernels_gauge.Add({{"state", state}}).Set(n);
