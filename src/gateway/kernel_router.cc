@@ -417,6 +417,7 @@ void KernelRouter::AbortQueuedExecutions(Effects* out) {
 // replicas stay away. It is answered now instead, and the queue goes on (a later cell runs once a
 // majority is back or replaced). stop_on_error does not apply: this cell did not run.
 void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
+  planning_ = Planning{};  // a plan or timer still due for this cell is stale (and released)
   Queued head = std::move(shell_queue_.front());
   shell_queue_.pop_front();
   reply_to_.erase(head.request.msg_id());
