@@ -83,7 +83,7 @@ struct Gateway::Impl {
 
   void MonitorRound(SteadyClock::time_point* next_tick) {
     control->CheckServers();
-    for (const ReplacementPlan& r : registry->PlanReplacements(kReplacementRetry)) {
+    for (const MovePlan& r : registry->PlanMoves(kReplacementRetry)) {
       spdlog::warn("kernel {}: moving replica {} from {} to {} ({})", r.kernel_id,
                    r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.reason);
       migrator->Start(r.kernel_id, r.plan, r.reason);

@@ -38,6 +38,15 @@ http::Response NoContent() {
 // live: a group member its daemon runs; lost: its server or process is gone (it is being or will
 // be replaced); leaving: a migration moves it; starting: no heartbeat has reported it yet;
 // joining (listed separately): the new member a migration adds.
+// The replica a migration of `k` is adding while it is not yet a recorded member; 0: none.
+ReplicaId JoiningReplica(const KernelRecord& k) {
+  if (!k.migration) return 0;
+  const ReplicaId id = k.migration->joining_replica;
+  const bool member = std::any_of(k.meta.replicas.begin(), k.meta.replicas.end(),
+                                  [&](const StoredReplica& r) { return r.replica_id == id; });
+  return member ? 0 : id;
+}
+
 const char* ReplicaState(const KernelRecord& k, ReplicaId replica) {
   auto live = k.replica_live.find(replica);
   if (live != k.replica_live.end() && !live->second) return "lost";  // also while replaced
@@ -357,8 +366,7 @@ Json ServerJson(const sched::ServerView& view, const std::optional<ServerRecord>
 Json MigrationJson(const KernelRecord& k, Json* replicas) {
   if (!k.migration) return nullptr;
   const MigrationInProgress& m = *k.migration;
-  if (std::none_of(k.meta.replicas.begin(), k.meta.replicas.end(),
-                   [&](const StoredReplica& r) { return r.replica_id == m.joining_replica; })) {
+  if (JoiningReplica(k) != 0) {
     replicas->push_back(Json{{"replica_id", m.joining_replica},
                              {"server_id", m.to_server_id},
                              {"pid", 0},
@@ -431,7 +439,7 @@ void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* regist
       {"live", 0}, {"lost", 0}, {"starting", 0}, {"leaving", 0}, {"joining", 0}};
   for (const KernelRecord& k : snap.kernels) {
     for (const StoredReplica& r : k.meta.replicas) ++replica_states[ReplicaState(k, r.replica_id)];
-    if (k.migration) ++replica_states["joining"];
+    if (JoiningReplica(k) != 0) ++replica_states["joining"];
   }
   for (const auto& [state, n] : replica_states) replicas_gauge.Add({{"state", state}}).Set(n);
 }
@@ -487,11 +495,6 @@ std::string HttpApi::Metrics() const {
   auto& executions = counter("nbos_executions_total",
                              "Executions sent to replicas, and those that waited for GPUs");
   auto& migrations = counter("nbos_migrations_total", "Replica migrations by outcome");
-  auto& replicas_gauge =
-      gauge("nbos_replicas", "Replicas by state (live, lost, starting, leaving, joining)");
-  auto& servers_gauge = gauge("nbos_servers", "Servers by state (alive, lost, draining, pending)");
-  auto& scaling =
-      counter("nbos_scaling_servers_total", "Servers added (out) and removed (in) by auto-scaling");
   auto& rejected = counter("nbos_client_messages_rejected_total",
                            "Kernel WebSocket messages refused at the gateway, by reason");
   auto& rejected_rest = counter("nbos_rest_requests_rejected_total",

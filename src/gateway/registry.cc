@@ -508,9 +508,9 @@ void Registry::LogMoveWait(KernelRecord& k, std::string why) {
   k.move_wait_logged = std::move(why);
 }
 
-std::vector<ReplacementPlan> Registry::PlanReplacements(std::chrono::milliseconds retry) {
+std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
   MutexLock lock(&mu_);
-  std::vector<ReplacementPlan> plans;
+  std::vector<MovePlan> plans;
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
     if (!k.in_cluster || !k.session || k.migrating || now < k.migration_retry_after) continue;

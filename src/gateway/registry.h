@@ -112,7 +112,7 @@ struct RegistryCounters {
 };
 
 // The scheduler's plan to move a replica that must move (the kernel is marked migrating).
-struct ReplacementPlan {
+struct MovePlan {
   std::string kernel_id;
   sched::MigrationPlan plan;
   std::string reason;  // "replacing a lost replica", "draining server host-2"
@@ -204,7 +204,7 @@ class Registry {
   // cluster's first servers) is counted and listed among the scaling events.
   void NoteScaleOut(const std::vector<std::string>& server_ids, const std::string& reason,
                     bool scale_out = true) EXCLUDES(mu_);
-  // Scale-in of one server: it drains (PlanReplacements moves its replicas off) and is reported
+  // Scale-in of one server: it drains (PlanMoves moves its replicas off) and is reported
   // by EmptiedServers once it holds nothing. False: unknown, lost, or already on its way out.
   bool BeginRelease(const std::string& server_id, const std::string& reason) EXCLUDES(mu_);
   // Releasing servers that hold no replica, no migration target and no committed GPUs (in the
@@ -218,14 +218,14 @@ class Registry {
   // must move when it is lost (its server missed its heartbeats, or its daemon reports it exited
   // for good) or its server drains. A kernel without a live majority, or whose plan has no
   // target, waits (its next try backs off for `retry`).
-  std::vector<ReplacementPlan> PlanReplacements(std::chrono::milliseconds retry) EXCLUDES(mu_);
+  std::vector<MovePlan> PlanMoves(std::chrono::milliseconds retry) EXCLUDES(mu_);
   // An operator's move of one kernel's replica (MoveRequested: replica and target optional).
   // Marks the kernel migrating. Errors: NotFound (kernel, replica, server), InvalidArgument (a
   // target that cannot take it), Unavailable (a migration of this kernel is under way, the
   // kernel is not schedulable yet, or no server can take the replica).
   Result<sched::MigrationPlan> RequestMove(const std::string& kernel_id, uint32_t replica_id,
                                            const std::string& to_server_id) EXCLUDES(mu_);
-  // The server takes no new replicas, and PlanReplacements moves its replicas off. Returns how
+  // The server takes no new replicas, and PlanMoves moves its replicas off. Returns how
   // many replicas it holds. NotFound: no such server.
   Result<size_t> DrainServer(const std::string& server_id) EXCLUDES(mu_);
 

@@ -105,6 +105,8 @@ def test_lost_servers_replicas_are_replaced_and_the_kernel_keeps_its_state(clust
                                  headers={"Authorization": f"token {c.token}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         metrics = resp.read().decode()
+    families = [line.split()[2] for line in metrics.splitlines() if line.startswith("# HELP ")]
+    assert len(families) == len(set(families)), "a metric family is exposed twice"
     assert "nbos_replica_replacements_total 1" in metrics, metrics
     assert 'nbos_servers{state="lost"} 1' in metrics, metrics
     assert 'nbos_replicas{state="live"} 3' in metrics, metrics
