@@ -32,6 +32,9 @@ struct Gateway::Impl {
     // The cluster's size is what the operator asked for (min_hosts) plus what the load needs.
     o.scaling.buffer_hosts = 0;
     o.rebalance.enabled = options.rebalance_interval_ms > 0;
+    // A waiting cell asks again every replan interval (tens of ms); one not heard of for 2 s was
+    // given up (interrupted, failed, its kernel held for a migration) and holds no GPUs back.
+    o.gpu_wait_expiry_ms = 2000;
     return o;
   }
 

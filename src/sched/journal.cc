@@ -293,7 +293,8 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
            {"auto_scaling", options.auto_scaling},
            {"scaling", Enc(options.scaling)},
            {"pack_gpus", options.pack_gpus},
-           {"rebalance", Enc(options.rebalance)}}}};
+           {"rebalance", Enc(options.rebalance)},
+           {"gpu_wait_expiry_ms", options.gpu_wait_expiry_ms}}}};
   return j.dump();
 }
 
@@ -321,6 +322,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
     options.scaling.gpus_per_host = s.at("gpus_per_host").get<int32_t>();
     // Absent in journals written before packing and rebalancing existed: they were off.
     options.pack_gpus = o.value("pack_gpus", false);
+    options.gpu_wait_expiry_ms = o.value("gpu_wait_expiry_ms", int64_t{0});
     if (const auto r = o.find("rebalance"); r != o.end()) {
       options.rebalance.enabled = r->at("enabled").get<bool>();
       options.rebalance.max_per_tick = r->at("max_per_tick").get<int32_t>();

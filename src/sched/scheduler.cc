@@ -75,7 +75,7 @@ SchedulerOutcome Scheduler::Handle(const SchedulerEvent& event) {
           [&](const ReplicaRemoved& e) {
             return status_only(cluster_.RemoveReplica(e.kernel_id, e.replica_id));
           },
-          [&](const ExecutorRequested& e) { return from_result(Execute(e)); },
+          [&](const ExecutorRequested& e) { return from_result(ExecuteInTurn(e)); },
           [&](const GrantCommitted& e) {
             // Validate the replica before committing so that a rejected grant changes nothing.
             const KernelView* kernel = nullptr;
@@ -140,6 +140,33 @@ Result<ExecutorDecision> Scheduler::Execute(const ExecutorRequested& request) co
                                                  request.excluded_replicas, options_.pack_gpus);
     if (!plan.ok()) return plan.status();
     decision.migration = std::move(plan).value();
+  }
+  return decision;
+}
+
+Result<ExecutorDecision> Scheduler::ExecuteInTurn(const ExecutorRequested& request) {
+  const KernelView* kernel = cluster_.FindKernel(request.kernel_id);
+  if (kernel == nullptr) return NotFound("no kernel '" + request.kernel_id + "'");
+  const int32_t gpus = request.gpus < 0 ? kernel->request.gpus : request.gpus;
+  gpu_waiters_.Expire(last_event_ms_, options_.gpu_wait_expiry_ms);
+  if (gpus <= 0) {
+    gpu_waiters_.Leave(request.kernel_id);
+    return Execute(request);
+  }
+  // The holds are committed for the choice only, so that executor and migration-target choice
+  // both see them as busy GPUs, and given back before anything else sees the cluster.
+  const auto held = gpu_waiters_.HeldAhead(cluster_, request.kernel_id);
+  for (const auto& [server_id, n] : held) {
+    NBOS_CHECK(cluster_.Commit(server_id, Resources{0, 0, n, 0}).ok(),
+               "a hold never exceeds the server's idle GPUs");
+  }
+  Result<ExecutorDecision> decision = Execute(request);
+  for (const auto& [server_id, n] : held) {
+    NBOS_CHECK(cluster_.Release(server_id, Resources{0, 0, n, 0}).ok(),
+               "the hold was committed just above");
+  }
+  if (decision.ok()) {
+    gpu_waiters_.Ask(request.kernel_id, gpus, request.excluded_replicas, last_event_ms_);
   }
   return decision;
 }
@@ -231,7 +258,10 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
                  [&](const KernelPlaced& e) {
                    activity_[e.kernel.kernel_id] = KernelActivity{.last_active_ms = now_ms};
                  },
-                 [&](const KernelRemoved& e) { activity_.erase(e.kernel_id); },
+                 [&](const KernelRemoved& e) {
+                   activity_.erase(e.kernel_id);
+                   gpu_waiters_.Leave(e.kernel_id);
+                 },
                  [&](const ExecutorRequested& e) {
                    KernelActivity* a = touch(e.kernel_id);
                    if (a == nullptr) return;
@@ -241,6 +271,7 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
                    a->executor_pending = a->last_cell_gpus > 0;
                  },
                  [&](const GrantCommitted& e) {
+                   gpu_waiters_.Leave(e.kernel_id);
                    if (KernelActivity* a = touch(e.kernel_id)) {
                      a->committed_gpus += e.resources.gpus;
                      a->executor_pending = false;

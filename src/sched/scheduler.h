@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "sched/cluster.h"
 #include "sched/executor.h"
+#include "sched/gpu_waiters.h"
 #include "sched/migration.h"
 #include "sched/placement.h"
 #include "sched/rebalance.h"
@@ -44,6 +45,11 @@ struct SchedulerOptions {
   // Proactive rebalancing of idle kernels on Tick (rebalance.h). Off by default: the gateway
   // ignores TickDecision::rebalance; `nbos sim` turns it on for notebookos.
   RebalanceOptions rebalance;
+  // Cells waiting for GPUs are served first come, first served (gpu_waiters.h); a waiter that has
+  // not asked again for this long loses its place. 0: never (`nbos sim`, whose waiting cells
+  // always run in the end); the gateway, which asks again every few tens of ms, sets a bound so
+  // that a cell given up while waiting (interrupted, failed) stops holding GPUs back.
+  int64_t gpu_wait_expiry_ms = 0;
 };
 
 // ---- Inputs -----------------------------------------------------------------------------------
@@ -223,12 +229,15 @@ class Scheduler {
   const ClusterState& cluster() const { return cluster_; }
   const SubscriptionRatio& ratio() const { return ratio_; }
   const SchedulerOptions& options() const { return options_; }
+  const GpuWaiters& gpu_waiters() const { return gpu_waiters_; }
   int64_t last_event_ms() const { return last_event_ms_; }
 
  private:
   SchedulerOutcome Handle(const SchedulerEvent& event);
   Result<Placement> Place(const PlacementRequested& request) const;
   Result<ExecutorDecision> Execute(const ExecutorRequested& request) const;
+  // Execute with the GPUs held back for the cells waiting ahead of this one; joins the queue.
+  Result<ExecutorDecision> ExecuteInTurn(const ExecutorRequested& request);
   Result<MigrationPlan> Move(const MoveRequested& request) const;
   TickDecision DoTick();
   // Bookkeeping for rebalancing, from events that the cluster view does not keep.
@@ -250,6 +259,7 @@ class Scheduler {
   SchedulerObserver* observer_ = nullptr;
   int64_t last_event_ms_ = 0;
   std::map<std::string, KernelActivity, std::less<>> activity_;
+  GpuWaiters gpu_waiters_;
   // Rebalancing is recomputed on a tick only after some event, or from rebalance_quiet_until_ms_
   // on (ChooseRebalance's quiet_until_ms), or when the tick's release candidates (excluded as
   // targets) differ from those of the last choice.

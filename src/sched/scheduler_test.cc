@@ -81,6 +81,53 @@ TEST(SchedulerTest, ExecutorPrefersLastExecutorThenMigrates) {
   EXPECT_FALSE(d->migration->scale_out_needed);
 }
 
+// Kernel a runs cell after cell on s0 while w waits for the same GPUs: once a's cell releases
+// them they are w's, not a's next cell's.
+TEST(SchedulerTest, CellsWaitingForGpusAreServedInTurn) {
+  SchedulerOptions o = Options();
+  o.gpu_wait_expiry_ms = 100;
+  Scheduler s = WithServers(3, o);
+  for (const char* id : {"a", "w"}) {
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel(id, Req(8), {"s0", "s1", "s2"})).ok());
+  }
+  for (const char* id : {"s1", "s2"}) {
+    ASSERT_TRUE(s.OnGrantCommitted(0, {"", 0, id, Req(8, 0, 0)}).ok());
+  }
+  auto d = s.RequestExecutor(1, {.kernel_id = "a"});
+  ASSERT_TRUE(d.ok());
+  ASSERT_EQ(d->choice.candidates, std::vector<uint32_t>{1});
+  ASSERT_TRUE(s.OnGrantCommitted(2, {"a", 1, "s0", Req(8, 0, 0)}).ok());
+  EXPECT_FALSE(s.gpu_waiters().contains("a"));
+
+  d = s.RequestExecutor(3, {.kernel_id = "w"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->choice.candidates.empty());
+  EXPECT_TRUE(s.gpu_waiters().contains("w"));
+
+  ASSERT_TRUE(s.OnGrantReleased(10, {"a", 1, "s0", Req(8, 0, 0)}).ok());
+  d = s.RequestExecutor(11, {.kernel_id = "a"});  // a's next cell: s0 is held for w
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->choice.candidates.empty());
+  d = s.RequestExecutor(12, {.kernel_id = "w"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->choice.candidates, std::vector<uint32_t>{1});
+  ASSERT_TRUE(s.OnGrantCommitted(13, {"w", 1, "s0", Req(8, 0, 0)}).ok());
+  ASSERT_TRUE(s.OnGrantReleased(20, {"w", 1, "s0", Req(8, 0, 0)}).ok());
+  // Now a is the one waiting: w's next cell waits behind it.
+  d = s.RequestExecutor(21, {.kernel_id = "w"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->choice.candidates.empty());
+  // A waiter that stops asking loses its place after the expiry: a last asked at 11, w at 21.
+  d = s.RequestExecutor(200, {.kernel_id = "w"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->choice.candidates, std::vector<uint32_t>{1});
+  EXPECT_FALSE(s.gpu_waiters().contains("a"));
+  // A GPU-less cell leaves the queue.
+  d = s.RequestExecutor(201, {.kernel_id = "w", .gpus = 0});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(s.gpu_waiters().contains("w"));
+}
+
 TEST(SchedulerTest, LostReplicaIsReplacedOnAServerWithoutAReplicaOfTheKernel) {
   Scheduler s = WithServers(5);
   ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(2), {"s0", "s1", "s2"})).ok());
