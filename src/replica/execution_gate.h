@@ -19,6 +19,9 @@ class ExecutionGate {
     kExecute,  // this replica's LEAD committed first: run the cell
     kStandby,  // another replica executes: apply its effects, emit no output
     kNobody,   // every replica yielded: nobody can run the cell now
+    // The gateway cancelled the execution (its chosen executor was lost) before the log decided
+    // who runs it here: this replica did not run it and holds the state of the last cell.
+    kCancelled,
   };
   struct Decision {
     Role role = Role::kNobody;

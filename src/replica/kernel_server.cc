@@ -464,6 +464,12 @@ std::string KernelServer::ExecuteReplicated(const Message& request, Json* metada
       return ErrorContent("NoReplicaCanExecute", "every replica of this kernel yielded execution " +
                                                      decision->exec_id +
                                                      ": none can run the cell now");
+    case ExecutionGate::Role::kCancelled:
+      return ErrorContent(
+          "ExecutorLost",
+          "the replica chosen to run this cell was lost before it started it here; the cell did "
+          "not run on this replica, which keeps the state of the last completed cell. nbos is "
+          "replacing the lost replica: run the cell again");
     case ExecutionGate::Role::kStandby: {
       // Another replica runs the cell; this one emits no output and answers once the
       // executor's effects are applied here.

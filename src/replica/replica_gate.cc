@@ -269,8 +269,12 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   bool decided =
       WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
   if (!decided) {
-    return Unavailable("no election outcome for execution " + d.exec_id +
-                       " (cancelled or timed out)");
+    std::lock_guard lock(mu_);
+    if (cancelled_.count(d.exec_id) == 0) {
+      return Unavailable("no election outcome for execution " + d.exec_id + " in time");
+    }
+    d.role = Role::kCancelled;
+    return d;
   }
   d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
   d.role = d.executor == 0                     ? Role::kNobody

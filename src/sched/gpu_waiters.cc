@@ -6,8 +6,8 @@
 
 namespace nbos::sched {
 
-void GpuWaiters::Ask(std::string_view kernel_id, int32_t gpus,
-                     std::set<uint32_t> excluded_replicas, int64_t now_ms) {
+void GpuWaiters::Ask(std::string_view kernel_id, int32_t gpus, std::set<uint32_t> excluded_replicas,
+                     int64_t now_ms) {
   auto it = by_kernel_.find(kernel_id);
   if (it == by_kernel_.end()) {
     it = by_kernel_.emplace(std::string(kernel_id), Waiter{.turn = next_turn_++}).first;

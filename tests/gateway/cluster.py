@@ -306,9 +306,10 @@ class Processes:
         self.procs = []
         self.root = tempfile.mkdtemp(prefix="nbos-faults-")
 
-    def start(self, name, *args):
+    def start(self, name, *args, prefix=()):
         log = open(os.path.join(self.root, f"{name}.log"), "w")
-        p = subprocess.Popen([nbos_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True)
+        p = subprocess.Popen([*prefix, nbos_bin(), *args], stdout=subprocess.PIPE, stderr=log,
+                             text=True)
         self.procs.append(p)
         return p
 
@@ -330,12 +331,12 @@ class SplitCluster:
     kill, freeze or restart any of them; `dead_store_host` (a host number or None) gets a blob
     store nothing listens on."""
 
-    def __init__(self, dead_store_host=None, hosts=3):
+    def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1"):
         self.hosts = hosts
         self.daemons = {}
         self.ps = Processes()
         self.token = "faults-token"
-        self.control = f"127.0.0.1:{free_port()}"
+        self.control = f"{control_ip}:{free_port()}"
         self.port = free_port()
         self.gateway = self.start_gateway()
         dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
@@ -345,12 +346,13 @@ class SplitCluster:
             self.start_daemon(i)
         self.wait_servers()
 
-    def start_daemon(self, i):
+    def start_daemon(self, i, prefix=(), address=("127.0.0.1:0", "127.0.0.1")):
         self.daemons[i] = self.ps.start(
             f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway", self.control,
             "--gpus", "1", "--virtual-gpus", "--state-dir", f"{self.ps.root}/host-{i}",
             "--blob-store", self.stores[i], "--replica-ports",
-            f"{21000 + 500 * i}-{21499 + 500 * i}")
+            f"{21000 + 500 * i}-{21499 + 500 * i}", "--listen", address[0], "--advertise-ip",
+            address[1], prefix=prefix)
 
     def host_replicas(self, i):
         """Pids of the replica processes that host-`i`'s daemon started."""
@@ -414,3 +416,102 @@ def is_replica_of(pid, root):
     except OSError:
         return False
     return len(argv) > 1 and argv[1] == "replica" and any(root in a for a in argv)
+
+
+class Network:
+    """A bridge with one network namespace per host behind a veth pair, all made by this test:
+    host i is 10.(N).0.(10+i) in namespace `nbos-<pid>-h<i>`, the bridge (the gateway's side)
+    10.(N).0.1. cut(i) drops every packet in and out of host i with nftables inside its namespace
+    (loopback excepted), heal(i) removes that rule. close() deletes namespaces and bridge."""
+
+    def __init__(self, hosts):
+        tag = os.getpid() % 100000
+        self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.bridge = f"nbosbr{tag}"
+        self.namespaces = {i: f"nbos-{tag}-h{i}" for i in range(1, hosts + 1)}
+        self.gateway_ip = f"{self.subnet}.1"
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._ip("addr", "add", f"{self.gateway_ip}/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for i, ns in self.namespaces.items():
+                self._add_host(i, ns)
+        except BaseException:
+            self.close()
+            raise
+
+    def _veth(self, i):
+        return f"nbosv{os.getpid() % 100000}h{i}"
+
+    def _add_host(self, i, ns):
+        outside, inside = self._veth(i), "eth0"
+        self._ip("netns", "add", ns)
+        self._ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
+        self._ip("link", "set", outside, "master", self.bridge)
+        self._ip("link", "set", outside, "up")
+        self._ip("-n", ns, "addr", "add", f"{self.host_ip(i)}/24", "dev", inside)
+        self._ip("-n", ns, "link", "set", inside, "up")
+        self._ip("-n", ns, "link", "set", "lo", "up")
+
+    @staticmethod
+    def _ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    def host_ip(self, i):
+        return f"{self.subnet}.{10 + i}"
+
+    def prefix(self, i):
+        return ("ip", "netns", "exec", self.namespaces[i])
+
+    def cut(self, i):
+        rules = ("table inet nbos_cut {\n"
+                 " chain in { type filter hook input priority 0; policy drop; iif lo accept; }\n"
+                 " chain out { type filter hook output priority 0; policy drop; oif lo accept; }\n"
+                 "}\n")
+        subprocess.run([*self.prefix(i), "nft", "-f", "-"], input=rules, text=True, check=True,
+                       capture_output=True, timeout=30)
+
+    def heal(self, i):
+        subprocess.run([*self.prefix(i), "nft", "delete", "table", "inet", "nbos_cut"],
+                       check=True, capture_output=True, timeout=30)
+
+    def close(self):
+        for i, ns in self.namespaces.items():
+            # A namespace outlives `ip netns del` while the kernel still holds it (sockets
+            # closing), and its veth pair with it: delete the pair explicitly.
+            subprocess.run(["ip", "link", "del", self._veth(i)], capture_output=True, timeout=30)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+
+
+class NetnsCluster(SplitCluster):
+    """A SplitCluster whose daemons (and so their replicas) run each in its own network
+    namespace (Network), reached over a bridge; the gateway's HTTP stays on 127.0.0.1."""
+
+    def __init__(self, hosts):
+        self.net = Network(hosts)
+        try:
+            super().__init__(hosts=hosts, control_ip=self.net.gateway_ip)
+        except BaseException:
+            self.close()
+            raise
+
+    def start_daemon(self, i, prefix=(), address=None):
+        ip = self.net.host_ip(i)
+        super().start_daemon(i, prefix=self.net.prefix(i), address=(f"{ip}:0", ip))
+
+    def host_of(self, pid):
+        """The host number whose namespace `pid` runs in, or None."""
+        try:
+            link = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            return None
+        for i, ns in self.net.namespaces.items():
+            if os.stat(f"/run/netns/{ns}").st_ino == int(link.split("[")[1].rstrip("]")):
+                return i
+        return None
+
+    def close(self):
+        with contextlib.suppress(AttributeError):
+            self.ps.stop()
+        self.net.close()
