@@ -313,7 +313,11 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
   Link Connect(const ReplicaEndpoint& ep) {
     Link l;
     l.endpoint = ep;
-    const std::string identity = "nbos-gateway-" + options.kernel_id;
+    // A fresh identity per session: a replica's ROUTER ignores a peer whose identity is still
+    // bound to an older connection, which after a gateway crash mid-cell (the replica busy in
+    // the cell, the dead connection not yet reaped) would leave the new session unheard.
+    static const std::string incarnation = NewUuid().substr(0, 8);
+    const std::string identity = "nbos-gateway-" + options.kernel_id + "-" + incarnation;
     const jupyter::ConnectionInfo& c = ep.connection;
     const std::pair<Channel, int> ports[] = {{Channel::kShell, c.shell_port},
                                              {Channel::kControl, c.control_port},

@@ -129,3 +129,29 @@ def test_a_frozen_daemon_stalls_no_kernel_session(healthy_split_cluster):
     kb.close()
     for k in (a, b):
         assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{k}")[0] == 204
+
+
+def test_a_gateway_killed_mid_cell_comes_back_to_a_reachable_kernel(healthy_split_cluster):
+    """The replicas finish the cell while the gateway is down; the restarted gateway reaches
+    them again (before, their ZeroMQ sockets still held the dead gateway's identity and ignored
+    the new one) and every replica holds the cell's effect."""
+    c = healthy_split_cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    ks = KernelSocket(c.url, model["id"], c.token)
+    ks.send("execute_request", {"code": "import time\ntime.sleep(3)\nx = 42", "silent": False,
+                                "store_history": True, "user_expressions": {},
+                                "allow_stdin": False, "stop_on_error": True})
+    time.sleep(1)  # the cell is running
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    ks = KernelSocket(c.url, model["id"], c.token)
+    for target in (1, 2, 3):
+        reply, iopub = ks.execute("print(x)", metadata={"nbos": {"target_replica": target}})
+        assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+        assert text == "42\n", (target, text)
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{model['id']}")[0] == 204
+    c.wait_no_replicas()
