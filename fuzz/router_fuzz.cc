@@ -47,30 +47,25 @@ const char* const kClientTypes[] = {"execute_request",
                                     "debug_request",
                                     "status",
                                     "x_request"};
-const char* const kReplicaTypes[] = {
-    "execute_reply", "status",          "stream",         "kernel_info_reply",
-    "input_request", "interrupt_reply", "comm_msg",       "nbos_membership_reply",
-    "error",         "display_data",    "complete_reply", "nbos_cancel_reply"};
-const char* const kFields[] = {"code",
-                               "silent",
-                               "store_history",
-                               "user_expressions",
-                               "allow_stdin",
-                               "stop_on_error",
-                               "cursor_pos",
-                               "detail_level",
-                               "hist_access_type",
-                               "n",
-                               "comm_id",
-                               "target_name",
-                               "data",
-                               "restart",
-                               "value",
-                               "status",
-                               "execution_state",
-                               "name",
-                               "text",
-                               "prompt"};
+const char* const kReplicaTypes[] = {"execute_reply",
+                                     "status",
+                                     "stream",
+                                     "kernel_info_reply",
+                                     "input_request",
+                                     "interrupt_reply",
+                                     "comm_msg",
+                                     "nbos_membership_reply",
+                                     "error",
+                                     "display_data",
+                                     "complete_reply",
+                                     "nbos_cancel_reply",
+                                     "nbos_execution_reply"};
+const char* const kFields[] = {
+    "code",        "execution",     "silent",          "store_history", "user_expressions",
+    "allow_stdin", "stop_on_error", "cursor_pos",      "detail_level",  "hist_access_type",
+    "n",           "comm_id",       "target_name",     "data",          "restart",
+    "value",       "status",        "execution_state", "name",          "text",
+    "prompt"};
 const Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kStdin, Channel::kIopub};
 
 struct Fuzz {
@@ -140,6 +135,14 @@ struct Fuzz {
     if (type == "status") return {{"execution_state", "idle"}};
     if (type == "stream") return {{"name", "stdout"}, {"text", "x"}};
     if (type == "input_request") return {{"prompt", "?"}, {"password", false}};
+    if (type == "nbos_execution_reply") {
+      return {{"status", "ok"},
+              {"execution",
+               {{"header", {{"msg_id", "e0"}, {"msg_type", "execute_request"}}},
+                {"state", "done"},
+                {"content", {{"status", "ok"}}},
+                {"done_ms_ago", 5}}}};
+    }
     return Json::object();
   }
 
@@ -278,8 +281,14 @@ struct Fuzz {
         return in.ConsumeBool() ? gw::RouterEvent(gw::ClientAttached{c}) : gw::ClientDetached{c};
       }
       default:
-        return in.ConsumeIntegralInRange<int>(0, 7) == 0 ? gw::RouterEvent(gw::RouterClosing{})
-                                                         : ClientEvent();
+        switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+          case 0:
+            return gw::RouterClosing{};
+          case 1:
+            return gw::RecoverExecution{};
+          default:
+            return ClientEvent();
+        }
     }
   }
 

@@ -312,6 +312,7 @@ Status KernelManager::Restore() {
       continue;
     }
     k.session = *session;
+    k.session->RecoverExecution();
     registry_->RestoreKernel(std::move(k));
   }
   if (!stored->empty()) spdlog::info("restored {} kernel(s) from the database", stored->size());

@@ -64,8 +64,8 @@ bool IsReply(const std::string& type) { return type.ends_with("_reply"); }
 
 }  // namespace
 
-std::string ExecutionId(const std::string& kernel_id, uint64_t sequence) {
-  return kernel_id + ":" + std::to_string(sequence);
+std::string ExecutionId(const std::string& kernel_id, const std::string& epoch, uint64_t sequence) {
+  return kernel_id + ":" + (epoch.empty() ? "" : epoch + ".") + std::to_string(sequence);
 }
 
 KernelRouter::KernelRouter(RouterOptions options)
@@ -88,7 +88,10 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
   }
   now_us_ = std::max(now_us_, now_us);
   std::visit(Overloaded{
-                 [&](ClientAttached& e) { clients_.insert(e.client); },
+                 [&](ClientAttached& e) {
+                   clients_.insert(e.client);
+                   if (recovery_.reply) DeliverRecovered(e.client, &out);
+                 },
                  [&](ClientDetached& e) {
                    clients_.erase(e.client);
                    std::erase_if(reply_to_, [&](const auto& kv) { return kv.second == e.client; });
@@ -114,6 +117,10 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                  [&](ProbeRequested& e) { OnProbe(e, &out); },
                  [&](ControlCallRequested& e) { OnControlCall(e, &out); },
                  [&](RouterClosing&) { OnClosing(&out); },
+                 [&](RecoverExecution&) {
+                   recovery_ = Recovery{.asking = true, .since_us = now_us_};
+                   AskForLastExecution(&out);
+                 },
              },
              event);
   // Whatever the event, the queue moves on as far as it can (an answered cell frees the way for
@@ -277,10 +284,11 @@ void KernelRouter::Pump(Effects* out) {
       continue;
     }
     if (in_flight_ || held_ || planning_.plan_id || planning_.timer_id) return;
+    if (recovery_.asking || recovery_.running) return;
     const Json& nbos = NbosMetadata(head.request);
     PlanWanted want;
     want.plan_id = planning_.plan_id = ++next_plan_id_;
-    want.exec_id = ExecutionId(options_.kernel_id, sequence_ + 1);
+    want.exec_id = ExecutionId(options_.kernel_id, options_.execution_epoch, sequence_ + 1);
     want.gpus = CellGpus(head.request);
     want.requested_target = static_cast<ReplicaId>(CountField(nbos, "target_replica").value_or(0));
     want.live = live;
@@ -334,6 +342,10 @@ void KernelRouter::OnPlanDone(PlanDone& done, Effects* out) {
 }
 
 void KernelRouter::OnTimer(const TimerFired& timer, Effects* out) {
+  if (timer.timer_id != 0 && timer.timer_id == recovery_.timer_id) {
+    OnRecoveryTimer(out);
+    return;
+  }
   if (timer.timer_id == 0 || timer.timer_id != planning_.timer_id) return;
   planning_.timer_id = 0;
   Pump(out);
@@ -344,8 +356,9 @@ void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
   shell_queue_.pop_front();
   planning_.logged_wait = false;
   ++sequence_;
+  recovery_.reply.reset();  // clients attaching from now on follow the new cell
   Json nbos = NbosMetadata(head.request);
-  nbos["exec_id"] = ExecutionId(options_.kernel_id, sequence_);
+  nbos["exec_id"] = ExecutionId(options_.kernel_id, options_.execution_epoch, sequence_);
   nbos["target_replica"] = plan.target_replica;
   nbos["gpu_ids"] = plan.device_ids;
   head.request.metadata["nbos"] = nbos;
@@ -506,6 +519,11 @@ void KernelRouter::ForwardReply(Channel channel, Message reply, Effects* out) {
     control_to_.erase(parent);
     return;
   }
+  if (auto query = recovery_.queries.find(parent); query != recovery_.queries.end()) {
+    recovery_.queries.erase(query);
+    OnLastExecution(reply.content, out);
+    return;
+  }
   if (auto probe = probes_.find(parent); probe != probes_.end()) {
     out->push_back(ProbeAnswered{probe->second});
     probes_.erase(probe);
@@ -585,6 +603,68 @@ void KernelRouter::FailInFlight(const std::string& why, Effects* out) {
   ForwardReply(Channel::kShell, std::move(reply), out);
   Broadcast(Channel::kIopub, factory_.Make("status", Json{{"execution_state", "idle"}}, header),
             out);
+}
+
+// ---- recovery after a gateway restart ---------------------------------------------------------
+
+void KernelRouter::AskForLastExecution(Effects* out) {
+  recovery_.queries.clear();  // answers to earlier asks are dropped as unknown replies
+  for (ReplicaId r : live_replicas()) {
+    Message m = factory_.Make("nbos_execution_request", Json::object(), Json::object());
+    recovery_.queries[m.msg_id()] = r;
+    merger_.Expect(m.msg_id(), {r});
+    SendTo({r}, Channel::kControl, m, out);
+  }
+  recovery_.timer_id = ++next_timer_id_;
+  out->push_back(TimerWanted{recovery_.timer_id, 500});
+}
+
+void KernelRouter::OnRecoveryTimer(Effects* out) {
+  recovery_.timer_id = 0;
+  if (!recovery_.asking && !recovery_.running) return;
+  if (!recovery_.running && now_us_ - recovery_.since_us > 10'000'000) {
+    recovery_.asking = false;  // nobody knows of a cell in flight: go on
+    recovery_.queries.clear();
+    Pump(out);
+    return;
+  }
+  AskForLastExecution(out);
+}
+
+// `content` is a replica's nbos_execution_reply (see the kernel server's AnswerLastExecution).
+void KernelRouter::OnLastExecution(const Json& content, Effects* out) {
+  if (!recovery_.asking && !recovery_.running) return;
+  const Json none;
+  const Json& e = content.is_object() ? content.value("execution", none) : none;
+  if (!e.is_object() || !e.value("header", none).is_object()) {
+    // This replica served no execute_request (e.g. it replaced a lost one): others may have.
+    if (recovery_.queries.empty() && !recovery_.running) {
+      recovery_.asking = false;
+      Pump(out);
+    }
+    return;
+  }
+  if (e.value("state", "") == "running") {
+    recovery_.running = true;
+    return;  // asked again when the timer fires
+  }
+  recovery_ = Recovery{};
+  if (!e.value("content", none).is_object() || e.value("done_ms_ago", int64_t{0}) > 60'000) {
+    Pump(out);
+    return;
+  }
+  Message reply = factory_.Make("execute_reply", e["content"], e["header"]);
+  reply.metadata = e.value("metadata", Json::object());
+  recovery_.reply = std::move(reply);
+  for (ClientId client : clients_) DeliverRecovered(client, out);
+  Pump(out);
+}
+
+void KernelRouter::DeliverRecovered(ClientId client, Effects* out) {
+  const Message& reply = *recovery_.reply;
+  Deliver(client, Channel::kShell, reply, out);
+  Deliver(client, Channel::kIopub,
+          factory_.Make("status", Json{{"execution_state", "idle"}}, reply.parent_header), out);
 }
 
 void KernelRouter::OnProbe(const ProbeRequested& probe, Effects* out) {

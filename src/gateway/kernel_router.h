@@ -37,6 +37,14 @@
 //   at the head of the queue is answered at once with ReplicasUnavailable (how many are
 //   unreachable, what nbos does about it) instead of waiting; later ones run once a majority is
 //   back. Other shell requests still go to a live replica (they commit nothing).
+// - RecoverExecution (a kernel restored after a gateway restart): the live replicas are asked
+//   for the last execute_request they served (nbos_execution_request). While one still runs it,
+//   executions wait and the replicas are asked again every 500 ms; once it is done, its
+//   execute_reply (and an idle status) under the original request's header goes to every client
+//   attached then or later, until the next execution starts: a client that reconnects gets the
+//   reply the previous gateway could not forward. A reply finished more than 60 s before the
+//   answer was forwarded before that gateway went down, and is dropped. With no answer within
+//   10 s (nobody knows), executions go on.
 // - Probes (kernel_info to chosen replicas) and control calls (the migrator's membership
 //   requests) are answered with ProbeAnswered / ControlCallAnswered; a call to a replica that is
 //   not live, or lost before it answered, or still open at Close, is answered with an error.
@@ -78,6 +86,9 @@ struct RouterOptions {
   ClientLimits limits;
   int64_t replan_interval_ms = 20;
   size_t max_queued_requests = 1024;
+  // Set per session (random): execution ids must not repeat across gateway restarts, since the
+  // replicas' log remembers every id it decided (a reused one would get the old executor).
+  std::string execution_epoch;
 };
 
 // ---- Events -----------------------------------------------------------------------------------
@@ -141,11 +152,13 @@ struct ControlCallRequested {
 };
 // The session is closing: outstanding calls fail, the grant in flight is released, clients close.
 struct RouterClosing {};
+// The kernel was restored after a gateway restart (see Rules).
+struct RecoverExecution {};
 
 using RouterEvent = std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage,
                                  ReplicaLost, ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone,
                                  TimerFired, InterruptRequested, ExecutionsHeld, ProbeRequested,
-                                 ControlCallRequested, RouterClosing>;
+                                 ControlCallRequested, RouterClosing, RecoverExecution>;
 
 // ---- Effects ----------------------------------------------------------------------------------
 
@@ -255,6 +268,16 @@ class KernelRouter {
     bool logged_wait = false;
   };
 
+  // The cell a previous gateway had in flight (RecoverExecution).
+  struct Recovery {
+    bool asking = false;   // no answer that settles it yet
+    bool running = false;  // the replicas still run it: executions wait
+    int64_t since_us = 0;
+    uint64_t timer_id = 0;                     // the next ask
+    std::map<std::string, ReplicaId> queries;  // nbos_execution_request msg_id -> replica
+    std::optional<jupyter::Message> reply;     // for clients attaching until the next execution
+  };
+
   using Effects = std::vector<RouterEffect>;
 
   void OnFrame(ClientFrame& frame, Effects* out);
@@ -266,6 +289,10 @@ class KernelRouter {
   void OnControlCall(ControlCallRequested& call, Effects* out);
   void OnProbe(const ProbeRequested& probe, Effects* out);
   void OnClosing(Effects* out);
+  void AskForLastExecution(Effects* out);
+  void OnRecoveryTimer(Effects* out);
+  void OnLastExecution(const jupyter::Json& content, Effects* out);
+  void DeliverRecovered(ClientId client, Effects* out);
   void SetLive(ReplicaId replica, bool live, Effects* out);
   void Unlink(ReplicaId replica, Effects* out);
 
@@ -299,6 +326,7 @@ class KernelRouter {
   std::deque<Queued> shell_queue_;
   std::optional<InFlight> in_flight_;
   Planning planning_;
+  Recovery recovery_;
   uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
   bool held_ = false;
   bool abort_after_reply_ = false;  // the reply being forwarded failed a stop_on_error cell
@@ -314,7 +342,7 @@ class KernelRouter {
   Stats stats_;
 };
 
-// Execution ids: "<kernel>:<sequence>".
-std::string ExecutionId(const std::string& kernel_id, uint64_t sequence);
+// Execution ids: "<kernel>:<sequence>", or "<kernel>:<epoch>.<sequence>" with an epoch.
+std::string ExecutionId(const std::string& kernel_id, const std::string& epoch, uint64_t sequence);
 
 }  // namespace nbos::gateway

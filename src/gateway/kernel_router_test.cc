@@ -162,6 +162,7 @@ RouterEvent ParseEvent(const std::string& line) {
                                 ParseJson(w.json)};
   }
   if (cmd == "close") return RouterClosing{};
+  if (cmd == "recover") return RecoverExecution{};
   ADD_FAILURE() << "unknown event: " << line;
   return InterruptRequested{};
 }

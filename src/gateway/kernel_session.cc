@@ -97,6 +97,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     r.gpus = o.gpus;
     for (const ReplicaEndpoint& ep : o.replicas) r.replicas.push_back(ep.replica_id);
     r.limits = o.limits;
+    r.execution_epoch = NewUuid().substr(0, 8);
     return r;
   }
 
@@ -574,6 +575,8 @@ void KernelSession::Receive(ClientId client, std::string payload, bool binary) {
 void KernelSession::Interrupt() { impl_->Post(RouterEvent(InterruptRequested{})); }
 void KernelSession::ReplicaLost(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaLost{r})); }
 void KernelSession::ReplicaBack(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaBack{r})); }
+
+void KernelSession::RecoverExecution() { impl_->Post(RouterEvent(gateway::RecoverExecution{})); }
 void KernelSession::HoldExecutions(bool hold) {
   // Synchronous: once a hold returns, executing_replica() tells whether an execution is still in
   // flight, and none starts after it.

@@ -94,6 +94,9 @@ class KernelSession {
   // The daemon reported `replica` gone, or back.
   void ReplicaLost(ReplicaId replica);
   void ReplicaBack(ReplicaId replica);
+  // The kernel was restored after a gateway restart: recover the cell the previous gateway had
+  // in flight (kernel_router.h, RecoverExecution).
+  void RecoverExecution();
 
   // Migration: links a new replica (it gets every later execution, like the others), or drops
   // one (as if lost, then forgotten). Returns once the session thread applied the change.

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -140,6 +141,21 @@ class KernelServer final : public EngineHost {
   std::mutex flush_mu_;  // orders stream flushes against other iopub messages
   std::condition_variable_any flush_cv_;
   std::mutex flush_wait_mu_;
+
+  // The last execute_request this kernel served, for a gateway that restarted while it ran and
+  // lost its reply: nbos_execution_request on control answers with it (AnswerLastExecution).
+  struct LastExecution {
+    Json header;
+    bool done = false;
+    std::string content;  // the reply's, once done
+    Json metadata;
+    std::chrono::steady_clock::time_point done_at;
+  };
+  std::mutex last_execution_mu_;
+  std::optional<LastExecution> last_execution_;
+  void NoteExecutionStarted(const Json& header);
+  void NoteExecutionDone(const std::string& content, const Json& metadata);
+  std::string AnswerLastExecution();
 
   std::mutex parent_mu_;
   Json parent_header_ = Json::object();
@@ -403,6 +419,7 @@ void KernelServer::HandleShell(Message request) {
   } else if (PythonEngine::Handles(type)) {
     const bool is_execute = type == "execute_request";
     const std::string started = NowIsoUtc();
+    if (is_execute) NoteExecutionStarted(request.header);
     Json metadata = Json::object();
     std::string content = is_execute && options_.gate != nullptr
                               ? ExecuteReplicated(request, &metadata)
@@ -420,6 +437,7 @@ void KernelServer::HandleShell(Message request) {
       // Requests that arrived while the failed cell ran are aborted; ones a client sends after
       // seeing this reply are not, so take them off the socket before replying.
       if (abort_queue) queued = TakeQueuedRequests();
+      if (is_execute) NoteExecutionDone(content, metadata);
       SendReply(shell_, request, std::move(content), std::move(metadata));
     }
   } else if (!jupyter::ReplyTypeFor(type).empty()) {
@@ -587,6 +605,8 @@ void KernelServer::HandleControl(Message request) {
     // The executor of this execution is gone: stop waiting for it.
     options_.gate->Cancel(request.content.value("exec_id", ""));
     SendReply(socket, request, R"({"status":"ok"})");
+  } else if (type == "nbos_execution_request") {
+    SendReply(socket, request, AnswerLastExecution());
   } else if (type == "nbos_membership_request") {
     // Live migration: blocks this channel until the change committed (a new replica's catch-up
     // included); interrupts sent meanwhile wait.
@@ -621,6 +641,39 @@ void KernelServer::HandleControl(Message request) {
   }
   PublishStatus("idle", request.header);
   if (stop) RequestStop();
+}
+
+void KernelServer::NoteExecutionStarted(const Json& header) {
+  std::lock_guard lock(last_execution_mu_);
+  last_execution_ = LastExecution{header, false, "", Json::object(), {}};
+}
+
+void KernelServer::NoteExecutionDone(const std::string& content, const Json& metadata) {
+  std::lock_guard lock(last_execution_mu_);
+  if (!last_execution_) return;
+  last_execution_->done = true;
+  last_execution_->content = content;
+  last_execution_->metadata = metadata;
+  last_execution_->done_at = std::chrono::steady_clock::now();
+}
+
+// {"status": "ok", "execution": null | {"header", "state": "running" | "done", and when done
+// "content", "metadata", "done_ms_ago"}}.
+std::string KernelServer::AnswerLastExecution() {
+  std::lock_guard lock(last_execution_mu_);
+  Json execution = nullptr;
+  if (last_execution_) {
+    const LastExecution& e = *last_execution_;
+    execution = Json{{"header", e.header}, {"state", e.done ? "done" : "running"}};
+    if (e.done) {
+      execution["content"] = Json::parse(e.content, nullptr, false);
+      execution["metadata"] = e.metadata;
+      execution["done_ms_ago"] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - e.done_at)
+                                     .count();
+    }
+  }
+  return Dump(Json{{"status", "ok"}, {"execution", execution}});
 }
 
 void KernelServer::Interrupt(bool whole_group) {

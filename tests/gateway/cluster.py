@@ -169,13 +169,14 @@ def rest_call(url, token, method, path, body=None, headers=None, raw=None):
 class KernelSocket:
     """One Jupyter kernel WebSocket (the legacy JSON framing)."""
 
-    def __init__(self, base_url, kernel_id, token, timeout=180):
+    def __init__(self, base_url, kernel_id, token, timeout=180, ready=True):
         ws_url = base_url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
         self.timeout = timeout
         self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {token}"],
                                               timeout=timeout)
         self.session = uuid.uuid4().hex
-        self.wait_ready()
+        if ready:
+            self.wait_ready()
 
     def wait_ready(self, attempts=60):
         """What Jupyter frontends do on connecting: kernel_info_request until one is answered (a

@@ -131,22 +131,36 @@ def test_a_frozen_daemon_stalls_no_kernel_session(healthy_split_cluster):
         assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{k}")[0] == 204
 
 
-def test_a_gateway_killed_mid_cell_comes_back_to_a_reachable_kernel(healthy_split_cluster):
-    """The replicas finish the cell while the gateway is down; the restarted gateway reaches
-    them again (before, their ZeroMQ sockets still held the dead gateway's identity and ignored
-    the new one) and every replica holds the cell's effect."""
+@pytest.mark.parametrize("cell_s", [1.5, 4])  # done before the gateway is back, or still running
+def test_a_gateway_killed_mid_cell_gives_the_reconnecting_client_the_cells_reply(
+        healthy_split_cluster, cell_s):
+    """The replicas finish the cell while the gateway is down. The restarted gateway reaches them
+    again (before, their ZeroMQ sockets still held the dead gateway's identity and ignored the new
+    one), asks them for the cell it had in flight and gives its reply to the client that
+    reconnects; every replica holds the cell's effect, and the next cell runs where it is asked
+    to (execution ids do not repeat across gateway restarts)."""
     c = healthy_split_cluster
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
     ks = KernelSocket(c.url, model["id"], c.token)
-    ks.send("execute_request", {"code": "import time\ntime.sleep(3)\nx = 42", "silent": False,
-                                "store_history": True, "user_expressions": {},
-                                "allow_stdin": False, "stop_on_error": True})
+    msg_id = ks.send("execute_request", {
+        "code": f"import time\ntime.sleep({cell_s})\nx = 42\nx", "silent": False,
+        "store_history": True, "user_expressions": {}, "allow_stdin": False,
+        "stop_on_error": True}, metadata={"nbos": {"target_replica": 1}})
     time.sleep(1)  # the cell is running
     c.kill_gateway()
     c.gateway = c.start_gateway()
     c.wait_servers()
-    ks = KernelSocket(c.url, model["id"], c.token)
+    ks = KernelSocket(c.url, model["id"], c.token, ready=False)  # a client reconnecting
+    reply, iopub = ks.wait_for(msg_id)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert reply["content"]["execution_count"] == 1
+    assert reply["metadata"]["nbos"]["executor"] == 1
+    # Outputs the cell made while no gateway listened are lost; later ones come through.
+    states = [m["content"]["execution_state"] for m in iopub if m["msg_type"] == "status"]
+    assert states[-1:] == ["idle"], iopub
+    reply, _ = ks.execute("y = 1", metadata={"nbos": {"target_replica": 2}})
+    assert reply["metadata"]["nbos"]["executor"] == 2, reply["metadata"]
     for target in (1, 2, 3):
         reply, iopub = ks.execute("print(x)", metadata={"nbos": {"target_replica": target}})
         assert reply["content"]["status"] == "ok", reply["content"]
