@@ -48,6 +48,9 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
   cmd.add_option("--snapshot-threshold", a.options.snapshot_threshold,
                  "Raft entries between log snapshots")
       ->capture_default_str();
+  cmd.add_option("--restore-from", a.options.restore_from,
+                 "Blob key of a checkpoint (nbos_checkpoint_request) a new group starts from")
+      ->envname("NBOS_RESTORE_FROM");
   cmd.add_option("--log-level", a.log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 }

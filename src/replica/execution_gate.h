@@ -34,6 +34,11 @@ class ExecutionGate {
   // All methods run on the engine's thread with the GIL held; waits release it.
   // Called once the engine has started, before any request is served.
   virtual void Attach(PythonEngine* engine) = 0;
+  // Any thread: stores the replicated state (checkpoint and journal) in the blob store and
+  // returns its key, from which a new group can start (ReplicaOptions::restore_from).
+  virtual Result<std::string> SaveCheckpoint() {
+    return InvalidArgument("this kernel keeps no replicated state");
+  }
   // Before an execute_request: returns once the log has decided who executes it.
   virtual Result<Decision> Elect(const jupyter::Message& request) = 0;
   // On the executor, after the cell ran and before its reply: replicates the cell's effects and

@@ -605,6 +605,17 @@ void KernelServer::HandleControl(Message request) {
     // The executor of this execution is gone: stop waiting for it.
     options_.gate->Cancel(request.content.value("exec_id", ""));
     SendReply(socket, request, R"({"status":"ok"})");
+  } else if (type == "nbos_checkpoint_request") {
+    // Suspending an idle kernel: its replicated state goes to the blob store.
+    auto key = options_.gate != nullptr
+                   ? options_.gate->SaveCheckpoint()
+                   : Result<std::string>(InvalidArgument("this kernel is not replicated"));
+    SendReply(socket, request,
+              Dump(key.ok() ? Json{{"status", "ok"}, {"key", *key}}
+                            : Json{{"status", "error"},
+                                   {"ename", "CheckpointError"},
+                                   {"evalue", key.status().message()},
+                                   {"traceback", Json::array()}}));
   } else if (type == "nbos_execution_request") {
     SendReply(socket, request, AnswerLastExecution());
   } else if (type == "nbos_membership_request") {

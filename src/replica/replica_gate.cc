@@ -48,6 +48,18 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   if (!store.ok()) return store.status();
   gate->store_ =
       std::make_unique<store::PrefetchingBlobStore>(std::move(*store), options.prefetch_bytes);
+  if (!options.restore_from.empty()) {
+    auto checkpoint = gate->store_->Get(options.restore_from);
+    if (!checkpoint.ok()) {
+      return Unavailable("reading the checkpoint to restore (" + options.restore_from +
+                         "): " + checkpoint.status().message());
+    }
+    if (Status s = gate->machine_.Restore(*checkpoint); !s.ok()) {
+      return InvalidArgument("checkpoint " + options.restore_from + ": " + s.message());
+    }
+    spdlog::info("starting from checkpoint {} ({} bytes)", options.restore_from,
+                 checkpoint->size());
+  }
   replication::RaftNodeOptions raft;
   raft.id = options.replica_id;
   raft.address = options.raft_address;
@@ -55,7 +67,7 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   raft.bootstrap = options.peers;
   raft.snapshot_threshold = options.snapshot_threshold;
   raft.snapshot_trailing = std::min(128u, options.snapshot_threshold / 2);
-  auto node = replication::RaftNode::Start(raft, &gate->machine_);
+  auto node = replication::RaftNode::Start(raft, &gate->locked_);
   if (!node.ok()) return node.status();
   gate->node_ = std::move(*node);
   auto router = ProposalRouter::Start(gate->node_.get(), options.raft_address);
@@ -67,6 +79,30 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
 ReplicaGate::~ReplicaGate() {
   router_.reset();
   if (node_) node_->Close();  // no more listener calls after this
+}
+
+void ReplicaGate::LockedMachine::Apply(std::string_view command) {
+  std::lock_guard lock(gate_->machine_mu_);
+  gate_->machine_.Apply(command);
+}
+
+std::string ReplicaGate::LockedMachine::Snapshot() {
+  std::lock_guard lock(gate_->machine_mu_);
+  return gate_->machine_.Snapshot();
+}
+
+Status ReplicaGate::LockedMachine::Restore(std::string_view snapshot) {
+  std::lock_guard lock(gate_->machine_mu_);
+  return gate_->machine_.Restore(snapshot);
+}
+
+Result<std::string> ReplicaGate::SaveCheckpoint() {
+  std::string state;
+  {
+    std::lock_guard lock(machine_mu_);
+    state = machine_.Snapshot();
+  }
+  return store_->Put(state);
 }
 
 void ReplicaGate::Attach(PythonEngine* engine) {

@@ -47,6 +47,10 @@ struct ReplicaOptions {
   // Makes this process's proposal ids unique across restarts (see ProposalIds). Empty: Start
   // draws a random one (NewUuid); tests may fix it.
   std::string proposal_nonce;
+  // Blob key of a checkpoint (SaveCheckpoint) of a suspended kernel: the state this member starts
+  // from, under whatever its own log then applies (a Raft snapshot of its own replaces it). All
+  // members of a new group start from the same one.
+  std::string restore_from;
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -62,6 +66,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void Pump() override;
   void Cancel(const std::string& exec_id) override;
   jupyter::Json ReplyMetadata(const Decision& decision) override;
+  // Thread-safe: the replicated state as this member has applied it, stored in the blob store.
+  Result<std::string> SaveCheckpoint() override;
   // Adds (AddSpare, then promotion to voter after catch-up) or removes a member through the
   // leader; see ProposalRouter::AddMember and RemoveMember for idempotency and errors. Waits at
   // most ReplicaOptions::membership_timeout.
@@ -110,7 +116,21 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   ReplicaOptions options_;
   ProposalIds ids_;  // used by the engine's thread only
   std::unique_ptr<store::PrefetchingBlobStore> store_;
+  // The log drives machine_ through `locked_`, so that SaveCheckpoint, from another thread,
+  // reads a state between two entries.
+  class LockedMachine final : public replication::StateMachine {
+   public:
+    explicit LockedMachine(ReplicaGate* gate) : gate_(gate) {}
+    void Apply(std::string_view command) override;
+    std::string Snapshot() override;
+    Status Restore(std::string_view snapshot) override;
+
+   private:
+    ReplicaGate* gate_;
+  };
+  std::mutex machine_mu_;
   KernelStateMachine machine_;
+  LockedMachine locked_{this};
   std::unique_ptr<replication::RaftNode> node_;
   std::unique_ptr<ProposalRouter> router_;
 

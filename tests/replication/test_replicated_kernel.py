@@ -433,3 +433,45 @@ def test_redis_blob_store_and_a_missing_store():
         capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode != 0
     assert f"127.0.0.1:{dead}" in result.stderr, result.stderr
+
+
+def test_a_checkpoint_starts_a_new_group_with_the_namespace():
+    """Suspend and resume at the replica level: a checkpoint of the replicated state goes to the
+    blob store (nbos_checkpoint_request), the group stops, and three new replicas started from
+    it (--restore-from) hold the same namespace and go on from it. A key that is not in the store
+    keeps the replica from starting, with the reason."""
+    group = Group()
+    try:
+        check_cell(group.execute("import numpy as np\nbig = np.arange(1 << 20, dtype='f8')\n"
+                                 "words = ['x'] * 3\nimport os\nos.environ['NBOS_MARK'] = 'kept'",
+                                 1), 1)
+        for i in range(3):
+            target = 1 + i % 3
+            check_cell(group.execute(f"big += {i}\nwords.append('{i}')", target), target)
+        before = group.assert_converged()
+        reply = group.replicas[2].request("nbos_checkpoint_request", {}, channel="control")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        key = reply["content"]["key"]
+    finally:
+        group.close()
+
+    resumed = Group(extra_args=["--restore-from", key], store_url=group.store_url)
+    try:
+        assert resumed.assert_converged() == before
+        results = resumed.execute("print(float(big[0]), ''.join(words), os.environ['NBOS_MARK'])",
+                                  3)
+        _, outputs = check_cell(results, 3)
+        assert stream_text(outputs) == "3.0 xxx012 kept\n"
+    finally:
+        resumed.close()
+
+    d = tempfile.mkdtemp(prefix="nbos-nocheckpoint-")
+    conn = os.path.join(d, "kernel.json")
+    write_kernel_connection_file(conn, b"k")
+    result = subprocess.run(
+        [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
+         f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"),
+         "--blob-store", group.store_url, "--restore-from", "0" * 64],
+        capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode != 0
+    assert "checkpoint to restore" in result.stderr, result.stderr
