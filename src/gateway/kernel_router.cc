@@ -117,6 +117,10 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                  [&](ProbeRequested& e) { OnProbe(e, &out); },
                  [&](ControlCallRequested& e) { OnControlCall(e, &out); },
                  [&](RouterClosing&) { OnClosing(&out); },
+                 [&](SuspendChanged& e) {
+                   suspended_ = e.suspended;
+                   resume_wanted_ = false;
+                 },
                  [&](RecoverExecution&) {
                    recovery_ = Recovery{.asking = true, .since_us = now_us_};
                    AskForLastExecution(&out);
@@ -216,6 +220,7 @@ void KernelRouter::OnClientMessage(ClientId client, jupyter::WsMessage ws, Effec
     out->push_back(ShutdownWanted{restart});
     return;
   }
+  if (suspended_ && AnsweredWhileSuspended(client, ws.channel, m, out)) return;
   switch (ws.channel) {
     case Channel::kShell:
       if (shell_queue_.size() >= options_.max_queued_requests) {
@@ -267,6 +272,13 @@ void KernelRouter::OnClientMessage(ClientId client, jupyter::WsMessage ws, Effec
 // ---- executions -------------------------------------------------------------------------------
 
 void KernelRouter::Pump(Effects* out) {
+  if (suspended_) {
+    if (!shell_queue_.empty() && !resume_wanted_) {
+      resume_wanted_ = true;
+      out->push_back(ResumeWanted{});
+    }
+    return;
+  }
   while (!shell_queue_.empty()) {
     Queued& head = shell_queue_.front();
     const std::set<ReplicaId> live = live_replicas();
@@ -524,6 +536,10 @@ void KernelRouter::ForwardReply(Channel channel, Message reply, Effects* out) {
     OnLastExecution(reply.content, out);
     return;
   }
+  if (reply.msg_type() == "kernel_info_reply" && reply.content.is_object() &&
+      reply.content.value("status", Json()) == "ok") {
+    kernel_info_ = reply.content;
+  }
   if (auto probe = probes_.find(parent); probe != probes_.end()) {
     out->push_back(ProbeAnswered{probe->second});
     probes_.erase(probe);
@@ -603,6 +619,27 @@ void KernelRouter::FailInFlight(const std::string& why, Effects* out) {
   ForwardReply(Channel::kShell, std::move(reply), out);
   Broadcast(Channel::kIopub, factory_.Make("status", Json{{"execution_state", "idle"}}, header),
             out);
+}
+
+// What a suspended kernel answers without its replicas (a client reconnecting asks kernel_info;
+// waking the replicas for it would undo every suspension of a kernel with an open notebook).
+bool KernelRouter::AnsweredWhileSuspended(ClientId client, Channel channel, const Message& m,
+                                          Effects* out) {
+  const std::string type = m.msg_type();
+  Json content;
+  if (channel == Channel::kShell && type == "kernel_info_request" && kernel_info_) {
+    content = *kernel_info_;
+  } else if (channel == Channel::kControl && type == "interrupt_request") {
+    content = Json{{"status", "ok"}};
+  } else {
+    return false;
+  }
+  Deliver(client, Channel::kIopub,
+          factory_.Make("status", Json{{"execution_state", "busy"}}, m.header), out);
+  Deliver(client, channel, factory_.Make(jupyter::ReplyTypeFor(type), content, m.header), out);
+  Deliver(client, Channel::kIopub,
+          factory_.Make("status", Json{{"execution_state", "idle"}}, m.header), out);
+  return true;
 }
 
 // ---- recovery after a gateway restart ---------------------------------------------------------

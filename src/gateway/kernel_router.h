@@ -45,6 +45,10 @@
 //   reply the previous gateway could not forward. A reply finished more than 60 s before the
 //   answer was forwarded before that gateway went down, and is dropped. With no answer within
 //   10 s (nobody knows), executions go on.
+// - Suspended (SuspendChanged; the owner unlinks the replicas): a kernel_info_request is
+//   answered from the last kernel_info_reply seen, an interrupt_request with ok; any other shell
+//   request waits in the queue and emits ResumeWanted (once per suspension), and the queue moves
+//   on when the kernel is no longer suspended and its new replicas are linked.
 // - Probes (kernel_info to chosen replicas) and control calls (the migrator's membership
 //   requests) are answered with ProbeAnswered / ControlCallAnswered; a call to a replica that is
 //   not live, or lost before it answered, or still open at Close, is answered with an error.
@@ -154,11 +158,16 @@ struct ControlCallRequested {
 struct RouterClosing {};
 // The kernel was restored after a gateway restart (see Rules).
 struct RecoverExecution {};
+// The kernel's replicas were stopped to save an idle kernel's resources (or it runs again).
+struct SuspendChanged {
+  bool suspended = false;
+};
 
 using RouterEvent = std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage,
                                  ReplicaLost, ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone,
                                  TimerFired, InterruptRequested, ExecutionsHeld, ProbeRequested,
-                                 ControlCallRequested, RouterClosing, RecoverExecution>;
+                                 ControlCallRequested, RouterClosing, RecoverExecution,
+                                 SuspendChanged>;
 
 // ---- Effects ----------------------------------------------------------------------------------
 
@@ -209,6 +218,8 @@ struct ControlCallAnswered {
   uint64_t call_id = 0;
   Result<jupyter::Json> reply = jupyter::Json::object();  // the reply's content
 };
+// A suspended kernel got a request that needs its replicas: the owner starts them again.
+struct ResumeWanted {};
 // A client input was refused (see client_validation.h for the classes).
 struct InputRejected {
   RejectClass reason = RejectClass::kFrame;
@@ -217,7 +228,8 @@ struct InputRejected {
 
 using RouterEffect = std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient,
                                   PlanWanted, GrantReleaseWanted, TimerWanted, ShutdownWanted,
-                                  ProbeAnswered, ControlCallAnswered, InputRejected>;
+                                  ProbeAnswered, ControlCallAnswered, InputRejected,
+                                  ResumeWanted>;
 
 // ---- The router -------------------------------------------------------------------------------
 
@@ -293,6 +305,8 @@ class KernelRouter {
   void OnRecoveryTimer(Effects* out);
   void OnLastExecution(const jupyter::Json& content, Effects* out);
   void DeliverRecovered(ClientId client, Effects* out);
+  bool AnsweredWhileSuspended(ClientId client, jupyter::Channel channel,
+                              const jupyter::Message& m, Effects* out);
   void SetLive(ReplicaId replica, bool live, Effects* out);
   void Unlink(ReplicaId replica, Effects* out);
 
@@ -327,6 +341,9 @@ class KernelRouter {
   std::optional<InFlight> in_flight_;
   Planning planning_;
   Recovery recovery_;
+  bool suspended_ = false;
+  bool resume_wanted_ = false;  // ResumeWanted emitted in this suspension
+  std::optional<jupyter::Json> kernel_info_;  // the last kernel_info_reply's content
   uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
   bool held_ = false;
   bool abort_after_reply_ = false;  // the reply being forwarded failed a stop_on_error cell

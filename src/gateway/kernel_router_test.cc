@@ -163,6 +163,7 @@ RouterEvent ParseEvent(const std::string& line) {
   }
   if (cmd == "close") return RouterClosing{};
   if (cmd == "recover") return RecoverExecution{};
+  if (cmd == "suspend") return SuspendChanged{w.positional.at(1) == "on"};
   ADD_FAILURE() << "unknown event: " << line;
   return InterruptRequested{};
 }
@@ -230,6 +231,7 @@ std::string DescribeEffect(const RouterEffect& effect) {
           [](const InputRejected& e) {
             return std::string("rejected ") + RejectClassName(e.reason) + ": " + e.detail;
           },
+          [](const ResumeWanted&) { return std::string("resume-wanted"); },
       },
       effect);
 }

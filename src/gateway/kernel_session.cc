@@ -118,6 +118,9 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
   std::multimap<SteadyClock::time_point, uint64_t> timers;
   std::map<uint64_t, std::shared_ptr<std::promise<Result<Json>>>> calls;
   int64_t published_activity_us = -1;
+  const int64_t started_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
 
   mutable Mutex mu;
   std::deque<Command> inbox GUARDED_BY(mu);
@@ -209,6 +212,9 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
                        if (it == calls.end()) return;
                        it->second->set_value(std::move(e.reply));
                        calls.erase(it);
+                     },
+                     [&](ResumeWanted&) {
+                       if (options.hooks.resume_wanted) options.hooks.resume_wanted();
                      },
                      [&](InputRejected& e) {
                        spdlog::warn("kernel {}: refused a client message ({}): {}",
@@ -453,10 +459,17 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
 };
 
 Result<std::unique_ptr<KernelSession>> KernelSession::Start(KernelSessionOptions options) {
-  if (options.replicas.empty()) return InvalidArgument("a kernel needs at least one replica");
+  if (options.replicas.empty() && options.key.empty()) {
+    return InvalidArgument("a kernel session needs a replica or a key");
+  }
   auto impl = std::make_shared<Impl>(std::move(options));
-  auto signer = jupyter::Signer::Create(impl->options.replicas.front().connection.key,
-                                        impl->options.replicas.front().connection.signature_scheme);
+  const std::string& key = impl->options.replicas.empty()
+                               ? impl->options.key
+                               : impl->options.replicas.front().connection.key;
+  auto signer = jupyter::Signer::Create(key, impl->options.replicas.empty()
+                                                 ? "hmac-sha256"
+                                                 : impl->options.replicas.front()
+                                                       .connection.signature_scheme);
   if (!signer.ok()) return signer.status();
   impl->signer = *signer;
   {
@@ -577,6 +590,13 @@ void KernelSession::ReplicaLost(ReplicaId r) { impl_->Post(RouterEvent(gateway::
 void KernelSession::ReplicaBack(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaBack{r})); }
 
 void KernelSession::RecoverExecution() { impl_->Post(RouterEvent(gateway::RecoverExecution{})); }
+
+void KernelSession::SetSuspended(bool suspended) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto applied = done->get_future();
+  impl_->Post(Impl::Synced{SuspendChanged{suspended}, done});
+  applied.wait();
+}
 void KernelSession::HoldExecutions(bool hold) {
   // Synchronous: once a hold returns, executing_replica() tells whether an execution is still in
   // flight, and none starts after it.
@@ -622,6 +642,10 @@ std::string KernelSession::execution_state() const {
 std::string KernelSession::last_activity() const {
   MutexLock lock(&impl_->mu);
   return impl_->published.last_activity;
+}
+int64_t KernelSession::last_activity_us() const {
+  MutexLock lock(&impl_->mu);
+  return std::max(impl_->published_activity_us, impl_->started_us);
 }
 int KernelSession::connections() const {
   MutexLock lock(&impl_->mu);

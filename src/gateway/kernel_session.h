@@ -48,13 +48,17 @@ struct KernelSessionHooks {
   std::function<void(bool restart)> shutdown_requested;
   // A client input was refused (client_validation.h).
   std::function<void(RejectClass reason)> rejected;
+  // A suspended kernel got a request that needs its replicas. Must not block.
+  std::function<void()> resume_wanted;
 };
 
 struct KernelSessionOptions {
   std::string kernel_id;
   std::string session_id;  // the one session id clients see in headers
   int gpus = 0;            // per-cell GPUs unless the request's metadata says otherwise
+  // None for a suspended kernel; then `key` signs its messages until replicas are added.
   std::vector<ReplicaEndpoint> replicas;
+  std::string key;
   KernelSessionHooks hooks;
   ClientLimits limits;  // client input; max_message_bytes also bounds replica messages
 };
@@ -97,6 +101,9 @@ class KernelSession {
   // The kernel was restored after a gateway restart: recover the cell the previous gateway had
   // in flight (kernel_router.h, RecoverExecution).
   void RecoverExecution();
+  // Suspended: the replicas are (to be) removed; requests that need them wait and call
+  // hooks.resume_wanted (kernel_router.h, SuspendChanged). Returns once applied.
+  void SetSuspended(bool suspended);
 
   // Migration: links a new replica (it gets every later execution, like the others), or drops
   // one (as if lost, then forgotten). Returns once the session thread applied the change.
@@ -117,6 +124,7 @@ class KernelSession {
   // What the session thread last published.
   std::string execution_state() const;  // "idle" | "busy"
   std::string last_activity() const;    // ISO 8601 with microseconds and Z
+  int64_t last_activity_us() const;     // µs since the epoch
   int connections() const;
   ReplicaId current_executor() const;
   ReplicaId executing_replica() const;  // the in-flight execution's target; 0 when none
