@@ -53,6 +53,7 @@ bench: bootstrap build
 	$(PY) bench/kernel_start_bench.py --nbos build/bin/nbos
 	$(PY) bench/migration_bench.py --nbos build/bin/nbos
 	$(PY) bench/healing_bench.py --nbos build/bin/nbos
+	$(PY) bench/suspend_bench.py --nbos build/bin/nbos
 	$(PY) bench/sim_bench.py --nbos build/bin/nbos
 	build/bin/store_throughput
 

@@ -286,6 +286,8 @@ struct Fuzz {
             return gw::RouterClosing{};
           case 1:
             return gw::RecoverExecution{};
+          case 2:
+            return gw::SuspendChanged{in.ConsumeBool()};
           default:
             return ClientEvent();
         }

@@ -1,6 +1,7 @@
 #include "cluster_commands.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -77,6 +78,7 @@ struct GatewayArgs {
   int local_hosts = 0;
   gateway::LocalHostOptions local;
   std::string local_ports;
+  double idle_suspend_minutes = 0;
 };
 struct DaemonArgs {
   daemon::DaemonOptions options;
@@ -94,6 +96,7 @@ struct UpArgs {
   std::string state_dir;
   std::string decision_journal;
   int rebalance_interval_ms = 0;
+  double idle_suspend_minutes = 0;
   std::string token;
   std::string log_level = "info";
 };
@@ -134,6 +137,7 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
     std::cerr << "nbos gateway: " << s.message() << "\n";
     return 2;
   }
+  args.options.idle_suspend_ms = static_cast<int64_t>(args.idle_suspend_minutes * 60'000);
   auto gw = gateway::Gateway::Start(args.options);
   if (!gw.ok()) {
     std::cerr << "nbos gateway: " << gw.status().message() << "\n";
@@ -313,6 +317,10 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     children[0].argv.push_back("--rebalance-interval-ms");
     children[0].argv.push_back(std::to_string(args.rebalance_interval_ms));
   }
+  if (args.idle_suspend_minutes > 0) {
+    children[0].argv.push_back("--idle-suspend-minutes");
+    children[0].argv.push_back(fmt::format("{}", args.idle_suspend_minutes));
+  }
   if (!args.decision_journal.empty()) {
     children[0].argv.push_back("--decision-journal");
     children[0].argv.push_back(fs::absolute(args.decision_journal).string());
@@ -408,6 +416,11 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "Besides KERNEL_*, environment variables passed to kernels");
   gw->add_option("--decision-journal", gw_args->options.decision_journal,
                  "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
+  gw->add_option("--idle-suspend-minutes", gw_args->idle_suspend_minutes,
+                 "Suspend a kernel idle this long: its state checkpointed to the blob store, its "
+                 "replicas stopped; its next request resumes it (0: never; fractions allowed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   gw->add_option("--rebalance-interval-ms", gw_args->options.rebalance_interval_ms,
                  "Move replicas of idle kernels whose servers lack the GPUs of their last cell "
                  "this often (0: off)")
@@ -489,6 +502,10 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
   up->add_option("--decision-journal", up_args->decision_journal,
                  "The gateway's decision journal (see nbos gateway --help)");
+  up->add_option("--idle-suspend-minutes", up_args->idle_suspend_minutes,
+                 "The gateway's suspension of idle kernels (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   up->add_option("--rebalance-interval-ms", up_args->rebalance_interval_ms,
                  "The gateway's idle-kernel rebalancing (see nbos gateway --help)")
       ->capture_default_str()

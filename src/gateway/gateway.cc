@@ -103,6 +103,9 @@ struct Gateway::Impl {
       scaling = std::move(tick.scaling);
     }
     if (options.host_provider) Scale(scaling);
+    if (options.idle_suspend_ms > 0) {
+      kernels->SuspendIdle(std::chrono::milliseconds(options.idle_suspend_ms));
+    }
   }
 
   // Carries out auto-scaling: servers asked for (the tick's add_hosts, or one when something

@@ -49,6 +49,10 @@ struct GatewayOptions {
   // round, each kernel at most once in 5 minutes) to a server that can, as a live migration
   // between cells (sched/rebalance.h). 0: off; a cell then migrates when it arrives.
   int rebalance_interval_ms = 0;
+  // > 0: a kernel idle this long (no request queued or running, no client message, all replicas
+  // live) is suspended: checkpointed to the blob store, its replicas stopped; the first request
+  // that needs them resumes it (kernel_manager.h). 0: never.
+  int64_t idle_suspend_ms = 0;
   // Auto-scaling (host_provider.h): servers are asked for and given back through this provider,
   // between min_hosts and max_hosts servers of gpus_per_host GPUs, decided every
   // scaling_interval_ms (and at once when a cell finds no server with GPUs to take it). Null: a

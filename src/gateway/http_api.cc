@@ -401,6 +401,7 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
               {"resources", ResourcesJson(k.request)},
               {"executor", executor},
               {"execution_state", k.session ? k.session->execution_state() : "starting"},
+              {"suspended", k.suspended},
               {"replicas", std::move(replicas)},
               {"migration", std::move(migration)}};
 }
@@ -421,6 +422,12 @@ void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* regist
                       .Register(*registry);
   scaling.Add({{"direction", "out"}}).Increment(static_cast<double>(c.scale_outs));
   scaling.Add({{"direction", "in"}}).Increment(static_cast<double>(c.scale_ins));
+  auto& suspensions = prometheus::BuildCounter()
+                          .Name("nbos_kernel_suspensions_total")
+                          .Help("Idle kernels suspended (stopped), and resumed")
+                          .Register(*registry);
+  suspensions.Add({{"event", "suspended"}}).Increment(static_cast<double>(c.suspensions));
+  suspensions.Add({{"event", "resumed"}}).Increment(static_cast<double>(c.resumes));
   auto& servers_gauge = prometheus::BuildGauge()
                             .Name("nbos_servers")
                             .Help("Servers by state (alive, lost, draining, pending)")
@@ -463,6 +470,10 @@ Json HttpApi::ClusterJson() const {
                            {"replacement_ms", snap.counters.replacement_ms}};
   for (const KernelRecord& k : snap.kernels) out["kernels"].push_back(KernelJson(k, statuses));
   out["pending_servers"] = snap.pending_servers;
+  out["suspensions"] = Json{{"suspended", snap.counters.suspensions},
+                            {"resumed", snap.counters.resumes},
+                            {"resume_ms", snap.counters.resume_ms},
+                            {"suspend_ms", snap.counters.suspend_ms}};
   Json events = Json::array();
   for (const RegistryCounters::ScaleEvent& e : snap.counters.scale_events) {
     events.push_back(Json{

@@ -118,7 +118,13 @@ Result<std::shared_ptr<KernelSession>> KernelManager::StartSession(const KernelR
     if (!conn.ok()) return conn.status();
     o.replicas.push_back({r.replica_id, r.server_id, *conn});
   }
+  o.key = k.meta.key;
   const std::string kernel_id = k.meta.kernel_id;
+  o.hooks.resume_wanted = [this, kernel_id] {
+    chores_.Post(kernel_id, [this, kernel_id, since = SteadyClock::now()] {
+      (void)Resume(kernel_id, since);  // logged there
+    });
+  };
   o.hooks.plan = [this, kernel_id](const PlanWanted& want, PlanCallback done) {
     planner_->Plan(kernel_id, want, std::move(done));
   };
@@ -276,12 +282,20 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   for (const StoredReplica& r : k->meta.replicas) server_ids.push_back(r.server_id);
   if (k->session) k->session->Shutdown();
   StopReplicas(k->meta);
+  if (k->suspended) {
+    // A restart discards the namespace, so the checkpoint too; the replicas are placed anew.
+    auto placed = registry_->PlaceForResume(kernel_id, options_.replicas);
+    if (!placed.ok()) return placed.status();
+    server_ids = *placed;
+  }
   // The same replica ids on the same servers (the scheduler's view keeps them), a new key and
   // session: clients see a new kernel process, as after any restart.
   registry_->UpdateKernel(kernel_id, [](KernelRecord& r) {
     r.session.reset();
     r.meta.key = NewUuid();
     r.meta.session_id = NewUuid();
+    r.meta.checkpoint.clear();
+    r.suspended = false;
     r.replica_live.clear();
   });
   Status s = LaunchReplicas(kernel_id, server_ids);
@@ -312,7 +326,12 @@ Status KernelManager::Restore() {
       continue;
     }
     k.session = *session;
-    k.session->RecoverExecution();
+    if (k.meta.replicas.empty() && !k.meta.checkpoint.empty()) {
+      k.suspended = true;  // resumes on its first request
+      k.session->SetSuspended(true);
+    } else {
+      k.session->RecoverExecution();
+    }
     registry_->RestoreKernel(std::move(k));
   }
   if (!stored->empty()) spdlog::info("restored {} kernel(s) from the database", stored->size());

@@ -52,12 +52,23 @@ class KernelManager {
   // The gateway stops: sessions end (clients 1001), kernels keep running under their daemons.
   void Stop();
 
+  // Suspension of idle kernels (kernel_suspension.cc). SuspendIdle queues a suspension of each
+  // kernel idle for `idle` (Registry::IdleKernels). Suspend: the replicated state is checkpointed
+  // to the blob store, the replicas are stopped and leave the scheduler's view (their resources
+  // are free), the session stays with its clients. Resume (on the first request that needs the
+  // replicas, or a restart): three new replicas start from the checkpoint, the session links
+  // them and the waiting requests go on. Errors: Unavailable (busy, no reply, no servers).
+  void SuspendIdle(std::chrono::milliseconds idle);
+  Status Suspend(const std::string& kernel_id);
+  Status Resume(const std::string& kernel_id, SteadyClock::time_point since);
+
  private:
   Result<std::shared_ptr<KernelSession>> StartSession(const KernelRecord& k);
   Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids);
   void StopReplicas(const StoredKernel& meta);
   Status AwaitReplicas(const KernelRecord& k);
   void OnShutdownRequested(const std::string& kernel_id, bool restart);
+  Status LinkResumedReplicas(const std::string& kernel_id);
 
   const KernelManagerOptions options_;
   Registry* registry_;

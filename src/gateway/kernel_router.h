@@ -163,11 +163,11 @@ struct SuspendChanged {
   bool suspended = false;
 };
 
-using RouterEvent = std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage,
-                                 ReplicaLost, ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone,
-                                 TimerFired, InterruptRequested, ExecutionsHeld, ProbeRequested,
-                                 ControlCallRequested, RouterClosing, RecoverExecution,
-                                 SuspendChanged>;
+using RouterEvent =
+    std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage, ReplicaLost,
+                 ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone, TimerFired,
+                 InterruptRequested, ExecutionsHeld, ProbeRequested, ControlCallRequested,
+                 RouterClosing, RecoverExecution, SuspendChanged>;
 
 // ---- Effects ----------------------------------------------------------------------------------
 
@@ -228,8 +228,7 @@ struct InputRejected {
 
 using RouterEffect = std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient,
                                   PlanWanted, GrantReleaseWanted, TimerWanted, ShutdownWanted,
-                                  ProbeAnswered, ControlCallAnswered, InputRejected,
-                                  ResumeWanted>;
+                                  ProbeAnswered, ControlCallAnswered, InputRejected, ResumeWanted>;
 
 // ---- The router -------------------------------------------------------------------------------
 
@@ -305,8 +304,8 @@ class KernelRouter {
   void OnRecoveryTimer(Effects* out);
   void OnLastExecution(const jupyter::Json& content, Effects* out);
   void DeliverRecovered(ClientId client, Effects* out);
-  bool AnsweredWhileSuspended(ClientId client, jupyter::Channel channel,
-                              const jupyter::Message& m, Effects* out);
+  bool AnsweredWhileSuspended(ClientId client, jupyter::Channel channel, const jupyter::Message& m,
+                              Effects* out);
   void SetLive(ReplicaId replica, bool live, Effects* out);
   void Unlink(ReplicaId replica, Effects* out);
 
@@ -342,7 +341,7 @@ class KernelRouter {
   Planning planning_;
   Recovery recovery_;
   bool suspended_ = false;
-  bool resume_wanted_ = false;  // ResumeWanted emitted in this suspension
+  bool resume_wanted_ = false;                // ResumeWanted emitted in this suspension
   std::optional<jupyter::Json> kernel_info_;  // the last kernel_info_reply's content
   uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
   bool held_ = false;

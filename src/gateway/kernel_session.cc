@@ -466,10 +466,10 @@ Result<std::unique_ptr<KernelSession>> KernelSession::Start(KernelSessionOptions
   const std::string& key = impl->options.replicas.empty()
                                ? impl->options.key
                                : impl->options.replicas.front().connection.key;
-  auto signer = jupyter::Signer::Create(key, impl->options.replicas.empty()
-                                                 ? "hmac-sha256"
-                                                 : impl->options.replicas.front()
-                                                       .connection.signature_scheme);
+  auto signer = jupyter::Signer::Create(
+      key, impl->options.replicas.empty()
+               ? "hmac-sha256"
+               : impl->options.replicas.front().connection.signature_scheme);
   if (!signer.ok()) return signer.status();
   impl->signer = *signer;
   {

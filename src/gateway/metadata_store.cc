@@ -44,14 +44,17 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
   for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
                           "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
                           "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
-                          "created TEXT, replicas TEXT, env TEXT)"}) {
+                          "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT)"}) {
     if (Status s = store->Exec(sql); !s.ok()) return s;
   }
-  // Databases written before the env column existed gain it; their kernels read as no env.
-  Statement probe;
-  if (sqlite3_prepare_v2(db, "SELECT env FROM kernels LIMIT 0", -1, &probe.stmt, nullptr) !=
-      SQLITE_OK) {
-    if (Status s = store->Exec("ALTER TABLE kernels ADD COLUMN env TEXT"); !s.ok()) return s;
+  // Databases written before a column existed gain it; their kernels read as not having it.
+  for (const char* column : {"env", "checkpoint"}) {
+    Statement probe;
+    const std::string select = std::string("SELECT ") + column + " FROM kernels LIMIT 0";
+    if (sqlite3_prepare_v2(db, select.c_str(), -1, &probe.stmt, nullptr) != SQLITE_OK) {
+      const std::string alter = std::string("ALTER TABLE kernels ADD COLUMN ") + column + " TEXT";
+      if (Status s = store->Exec(alter.c_str()); !s.ok()) return s;
+    }
   }
   return store;
 }
@@ -74,16 +77,16 @@ Status MetadataStore::Put(const StoredKernel& k) {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
-                         "created, replicas, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         "created, replicas, env, checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
   }
   const std::string resources = k.resources.dump();
   const std::string replicas = ReplicasToJson(k.replicas).dump();
   const std::string env = Json(k.env).dump();
-  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key,    &k.session_id,
-                                 &resources,   &k.created,    &replicas, &env};
-  for (int i = 0; i < 8; ++i) {
+  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key, &k.session_id, &resources,
+                                 &k.created,   &replicas,     &env,   &k.checkpoint};
+  for (int i = 0; i < 9; ++i) {
     sqlite3_bind_text(st.stmt, i + 1, values[i]->c_str(), static_cast<int>(values[i]->size()),
                       SQLITE_TRANSIENT);
   }
@@ -112,7 +115,8 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
   std::lock_guard lock(Mu());
   Statement st;
   if (sqlite3_prepare_v2(db_,
-                         "SELECT id, kernelspec, key, session, resources, created, replicas, env "
+                         "SELECT id, kernelspec, key, session, resources, created, replicas, env, "
+                         "checkpoint "
                          "FROM kernels ORDER BY created",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
@@ -145,6 +149,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
         if (value.is_string()) k.env[name] = value.get<std::string>();
       }
     }
+    k.checkpoint = text(8);
     out.push_back(std::move(k));
   }
   if (rc != SQLITE_DONE)

@@ -32,6 +32,10 @@ struct StoredKernel {
   // The environment the kernel was started with (KERNEL_* and allowed names): restarted and
   // migrated replicas get it too.
   std::map<std::string, std::string> env;
+  // Blob key of the state the replicas start from: set when the kernel is suspended (it then has
+  // no replicas) and kept after it resumes, for replicas that join its group before the group's
+  // first Raft snapshot. Empty: a kernel that was never suspended.
+  std::string checkpoint;
 };
 
 class MetadataStore {

@@ -22,6 +22,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
                    "2026-01-01T00:00:00.000000Z",
                    {{1, "host-1", "127.0.0.1:4000", "{}"}, {2, "host-2", "127.0.0.1:4002", "{}"}}};
     k.env = {{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}};
+    k.checkpoint = "c0ffee";
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -41,9 +42,10 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   EXPECT_EQ(k.replicas[1].raft_address, "127.0.0.1:4002");
   EXPECT_EQ(k.env,
             (std::map<std::string, std::string>{{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}}));
+  EXPECT_EQ(k.checkpoint, "c0ffee");
 }
 
-TEST(MetadataStoreTest, DatabaseWithoutTheEnvColumnIsUpgraded) {
+TEST(MetadataStoreTest, DatabaseWithoutTheEnvAndCheckpointColumnsIsUpgraded) {
   store::ScopedTempDir dir;
   const std::string path = (dir.path() / "gateway.db").string();
   {
@@ -70,6 +72,7 @@ TEST(MetadataStoreTest, DatabaseWithoutTheEnvColumnIsUpgraded) {
   ASSERT_EQ(kernels->size(), 2u);
   EXPECT_EQ((*kernels)[0].kernel_id, "old");
   EXPECT_TRUE((*kernels)[0].env.empty());
+  EXPECT_TRUE((*kernels)[0].checkpoint.empty());
   EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
 }
 

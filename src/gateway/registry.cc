@@ -55,7 +55,7 @@ void Registry::OnRegister(const control::RegisterRequest& req) {
   // Kernels restored from the database join the scheduler's view once all their servers are
   // back.
   for (auto& [id, k] : kernels_) {
-    if (k.in_cluster) continue;
+    if (k.in_cluster || k.suspended) continue;
     bool all = true;
     for (const auto& r : k.meta.replicas)
       all = all && scheduler_.cluster().FindServer(r.server_id) != nullptr;
@@ -202,6 +202,16 @@ Status Registry::AddToCluster(KernelRecord& k) {
 
 Result<std::vector<std::string>> Registry::PlaceKernel(KernelRecord k, int replicas) {
   MutexLock lock(&mu_);
+  k.last_replica_id = 0;
+  auto servers = PlaceLocked(k, replicas);
+  if (!servers.ok()) return servers;
+  const std::string id = k.meta.kernel_id;
+  kernels_[id] = std::move(k);
+  return servers;
+}
+
+// Places `k`'s replicas (ids after k.last_replica_id) and adds it to the scheduler's view.
+Result<std::vector<std::string>> Registry::PlaceLocked(KernelRecord& k, int replicas) {
   if (Status s = sched::CheckRequestFitsSomeServer(scheduler_.cluster(), k.request); !s.ok()) {
     return s;
   }
@@ -223,14 +233,89 @@ Result<std::vector<std::string>> Registry::PlaceKernel(KernelRecord k, int repli
                  placement->reason);
   }
   k.meta.replicas.clear();
-  for (size_t i = 0; i < placement->server_ids.size(); ++i) {
-    k.meta.replicas.push_back({static_cast<uint32_t>(i + 1), placement->server_ids[i], "", ""});
+  for (const std::string& server_id : placement->server_ids) {
+    k.meta.replicas.push_back({++k.last_replica_id, server_id, "", ""});
   }
-  k.last_replica_id = static_cast<uint32_t>(placement->server_ids.size());
   if (Status s = AddToCluster(k); !s.ok()) return s;
-  const std::string id = k.meta.kernel_id;
-  kernels_[id] = std::move(k);
   return placement->server_ids;
+}
+
+std::vector<std::string> Registry::IdleKernels(std::chrono::milliseconds idle) const {
+  std::vector<std::pair<std::string, std::shared_ptr<KernelSession>>> candidates;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, k] : kernels_) {
+      if (!k.session || k.suspended || !k.in_cluster || k.migrating) continue;
+      bool all_live = k.replica_live.size() == k.meta.replicas.size();
+      for (const auto& [replica, live] : k.replica_live) all_live = all_live && live;
+      if (all_live) candidates.emplace_back(id, k.session);
+    }
+  }
+  // The sessions are asked outside the lock: their threads may be calling into the registry.
+  const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  std::vector<std::string> out;
+  for (const auto& [id, session] : candidates) {
+    if (session->execution_state() == "idle" &&
+        now_us - session->last_activity_us() >=
+            std::chrono::duration_cast<std::chrono::microseconds>(idle).count()) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+std::optional<StoredKernel> Registry::MarkSuspended(const std::string& kernel_id,
+                                                    const std::string& checkpoint,
+                                                    int64_t took_ms) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return std::nullopt;
+  KernelRecord& k = it->second;
+  if (k.in_cluster) {
+    if (Status s = scheduler_.OnKernelRemoved(NowMs(), kernel_id); !s.ok()) {
+      spdlog::warn("kernel {}: leaving the scheduler's view: {}", kernel_id, s.ToString());
+    }
+  }
+  k.in_cluster = false;
+  k.suspended = true;
+  k.meta.checkpoint = checkpoint;
+  k.meta.replicas.clear();
+  k.replica_live.clear();
+  k.lost_since.clear();
+  ++counters_.suspensions;
+  counters_.suspend_ms.push_back(took_ms);
+  if (counters_.suspend_ms.size() > 100) counters_.suspend_ms.erase(counters_.suspend_ms.begin());
+  return k.meta;
+}
+
+Result<std::vector<std::string>> Registry::PlaceForResume(const std::string& kernel_id,
+                                                          int replicas) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return NotFound("no kernel " + kernel_id);
+  return PlaceLocked(it->second, replicas);
+}
+
+void Registry::UndoResume(const std::string& kernel_id) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return;
+  if (it->second.in_cluster) (void)scheduler_.OnKernelRemoved(NowMs(), kernel_id);
+  it->second.in_cluster = false;
+  it->second.meta.replicas.clear();
+  it->second.replica_live.clear();
+}
+
+void Registry::MarkResumed(const std::string& kernel_id, int64_t took_ms) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return;
+  it->second.suspended = false;
+  ++counters_.resumes;
+  counters_.resume_ms.push_back(took_ms);
+  if (counters_.resume_ms.size() > 100) counters_.resume_ms.erase(counters_.resume_ms.begin());
 }
 
 void Registry::RestoreKernel(KernelRecord k) {

@@ -51,6 +51,8 @@ struct KernelRecord {
   std::string move_wait_logged;  // why a replica that must move waits, as last logged
   SteadyClock::time_point migration_retry_after{};
   uint32_t last_replica_id = 0;  // replica ids are never reused within a kernel
+  // Idle too long: checkpointed (meta.checkpoint), replicas stopped, out of the scheduler's view.
+  bool suspended = false;
 };
 
 struct ServerRecord {
@@ -109,6 +111,10 @@ struct RegistryCounters {
   std::vector<ScaleEvent> scale_events;
   // The last 100 replacements of lost replicas: from the loss seen to the new replica answering.
   std::vector<int64_t> replacement_ms;
+  uint64_t suspensions = 0, resumes = 0;
+  // The last 100 resumes: from the request that woke the kernel to its replicas answering; the
+  // last 100 suspensions: from the decision to the replicas stopped.
+  std::vector<int64_t> resume_ms, suspend_ms;
 };
 
 // The scheduler's plan to move a replica that must move (the kernel is marked migrating).
@@ -173,6 +179,22 @@ class Registry {
   // none.
   std::optional<KernelRecord> RemoveKernel(const std::string& kernel_id) EXCLUDES(mu_);
   void CountKernelStarted() EXCLUDES(mu_);
+
+  // ---- suspension of idle kernels ----
+  // Kernels with a session, all replicas live, no migration, idle (no request queued or running)
+  // and no activity for `idle`.
+  std::vector<std::string> IdleKernels(std::chrono::milliseconds idle) const EXCLUDES(mu_);
+  // The kernel's replicas are stopped and its state is `checkpoint`: it leaves the scheduler's
+  // view and lists no replicas. Returns its record to store.
+  std::optional<StoredKernel> MarkSuspended(const std::string& kernel_id,
+                                            const std::string& checkpoint, int64_t took_ms)
+      EXCLUDES(mu_);
+  // Places a suspended kernel's replicas again (new replica ids) and puts it back in the
+  // scheduler's view; errors as PlaceKernel's. UndoResume takes that back (the launch failed).
+  Result<std::vector<std::string>> PlaceForResume(const std::string& kernel_id, int replicas)
+      EXCLUDES(mu_);
+  void UndoResume(const std::string& kernel_id) EXCLUDES(mu_);
+  void MarkResumed(const std::string& kernel_id, int64_t took_ms) EXCLUDES(mu_);
 
   // ---- executions ----
   // The scheduler's choice of executor for one execution of `kernel_id` among `live` replicas,
@@ -249,6 +271,7 @@ class Registry {
  private:
   int64_t NowMs() const;
   Status AddToCluster(KernelRecord& kernel) REQUIRES(mu_);
+  Result<std::vector<std::string>> PlaceLocked(KernelRecord& kernel, int replicas) REQUIRES(mu_);
   std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
   std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
       REQUIRES(mu_);

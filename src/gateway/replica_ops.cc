@@ -57,6 +57,7 @@ control::LaunchReplicaRequest LaunchRequest(const StoredKernel& meta, uint32_t r
   for (const auto& p : peers) *req.add_peers() = p;
   for (const auto& [name, value] : meta.env) (*req.mutable_env())[name] = value;
   (*req.mutable_env())["KERNEL_ID"] = meta.kernel_id;
+  if (!meta.checkpoint.empty()) (*req.mutable_env())["NBOS_RESTORE_FROM"] = meta.checkpoint;
   return req;
 }
 

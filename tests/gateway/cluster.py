@@ -332,8 +332,9 @@ class SplitCluster:
     kill, freeze or restart any of them; `dead_store_host` (a host number or None) gets a blob
     store nothing listens on."""
 
-    def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1"):
+    def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1", gateway_args=()):
         self.hosts = hosts
+        self.gateway_args = tuple(gateway_args)
         self.daemons = {}
         self.ps = Processes()
         self.token = "faults-token"
@@ -379,7 +380,7 @@ class SplitCluster:
     def start_gateway(self):
         gw = self.ps.start("gateway", "gateway", "--port", str(self.port), "--control-address",
                            self.control, "--state-dir", f"{self.ps.root}/gateway", "--token",
-                           self.token)
+                           self.token, *self.gateway_args)
         m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
         assert m
         self.url = m.group(1)

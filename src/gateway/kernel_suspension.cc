@@ -1,0 +1,114 @@
+// Suspension of idle kernels (kernel_manager.h). The session stays with its clients throughout:
+// while suspended it answers kernel_info itself and holds other requests (kernel_router.h), so an
+// open notebook does not wake its kernel, and a cell wakes it without the client reconnecting.
+#include <spdlog/spdlog.h>
+
+#include "gateway/kernel_manager.h"
+#include "gateway/replica_ops.h"
+#include "jupyter/connection_file.h"
+
+namespace nbos::gateway {
+
+namespace {
+constexpr std::chrono::milliseconds kCheckpointTimeout{120000};
+}  // namespace
+
+void KernelManager::SuspendIdle(std::chrono::milliseconds idle) {
+  for (const std::string& id : registry_->IdleKernels(idle)) {
+    chores_.Post(id, [this, id] {
+      if (Status s = Suspend(id); !s.ok()) spdlog::info("kernel {} not suspended: {}", id, s.message());
+    });
+  }
+}
+
+Status KernelManager::Suspend(const std::string& kernel_id) {
+  std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
+  if (!found) return NotFound("no kernel " + kernel_id);
+  MutexLock op(found->op_mu.get());
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k || !k->session || k->suspended || !k->in_cluster || k->migrating) {
+    return Unavailable("kernel " + kernel_id + " is not running steadily");
+  }
+  const auto started = SteadyClock::now();
+  std::shared_ptr<KernelSession> session = k->session;
+  session->HoldExecutions(true);
+  if (session->executing_replica() != 0 || session->execution_state() != "idle") {
+    session->HoldExecutions(false);
+    return Unavailable("kernel " + kernel_id + " is busy");
+  }
+  ReplicaId from = session->current_executor();
+  if (from == 0) from = k->meta.replicas.front().replica_id;
+  auto reply = session->CallControl(from, "nbos_checkpoint_request", jupyter::Json::object(),
+                                    kCheckpointTimeout);
+  if (!reply.ok() || reply->value("status", "") != "ok" || !(*reply)["key"].is_string()) {
+    session->HoldExecutions(false);
+    return Unavailable("checkpointing replica " + std::to_string(from) + ": " +
+                       (reply.ok() ? reply->value("evalue", reply->dump()) : reply.status().message()));
+  }
+  const std::string key = (*reply)["key"];
+  // From here requests wait for a resume instead of going to replicas that are stopping.
+  session->SetSuspended(true);
+  for (const StoredReplica& r : k->meta.replicas) session->RemoveReplica(r.replica_id);
+  session->HoldExecutions(false);
+  StopReplicas(k->meta);
+  const int64_t took_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started).count();
+  std::optional<StoredKernel> meta = registry_->MarkSuspended(kernel_id, key, took_ms);
+  if (meta) {
+    if (Status s = store_->Put(*meta); !s.ok()) {
+      spdlog::warn("kernel {}: recording the suspension: {}", kernel_id, s.ToString());
+    }
+  }
+  spdlog::info("kernel {} suspended after being idle: checkpoint {}, {} ms", kernel_id, key,
+               took_ms);
+  return Status::Ok();
+}
+
+Status KernelManager::Resume(const std::string& kernel_id, SteadyClock::time_point since) {
+  std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
+  if (!found) return NotFound("no kernel " + kernel_id);
+  MutexLock op(found->op_mu.get());
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k || !k->suspended || !k->session) return Status::Ok();  // resumed (or deleted) meanwhile
+  auto servers = registry_->PlaceForResume(kernel_id, options_.replicas);
+  Status s = servers.ok() ? LaunchReplicas(kernel_id, *servers) : servers.status();
+  if (s.ok()) s = LinkResumedReplicas(kernel_id);
+  if (!s.ok()) {
+    spdlog::error("kernel {} did not resume: {}", kernel_id, s.ToString());
+    std::optional<KernelRecord> failed = registry_->FindKernel(kernel_id);
+    if (failed) {
+      for (const StoredReplica& r : failed->meta.replicas) k->session->RemoveReplica(r.replica_id);
+      StopReplicas(failed->meta);
+    }
+    registry_->UndoResume(kernel_id);
+    // The waiting requests are answered (no replicas: ReplicasUnavailable); the next one tries
+    // again.
+    k->session->SetSuspended(false);
+    k->session->SetSuspended(true);
+    return s;
+  }
+  const int64_t took_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - since).count();
+  registry_->MarkResumed(kernel_id, took_ms);
+  k->session->SetSuspended(false);
+  spdlog::info("kernel {} resumed from checkpoint {} in {} ms", kernel_id, k->meta.checkpoint,
+               took_ms);
+  return Status::Ok();
+}
+
+// The launched replicas join the kernel's session, which waits until each answers.
+Status KernelManager::LinkResumedReplicas(const std::string& kernel_id) {
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k) return NotFound("kernel " + kernel_id + " was deleted while it resumed");
+  if (Status s = store_->Put(k->meta); !s.ok()) return s;
+  std::vector<ReplicaId> ids;
+  for (const StoredReplica& r : k->meta.replicas) {
+    auto conn = jupyter::ParseConnectionInfo(r.connection_json);
+    if (!conn.ok()) return conn.status();
+    if (Status s = k->session->AddReplica({r.replica_id, r.server_id, *conn}); !s.ok()) return s;
+    ids.push_back(r.replica_id);
+  }
+  return k->session->AwaitReplicas(ids, options_.kernel_start_timeout);
+}
+
+}  // namespace nbos::gateway

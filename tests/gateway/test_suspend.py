@@ -1,0 +1,100 @@
+"""Idle kernels cost nothing and keep their state (DESIGN.md §5): with --idle-suspend-minutes a
+kernel idle that long is checkpointed to the blob store and its replicas stopped (their
+resources released); a client still connected keeps its WebSocket, kernel_info does not wake the
+kernel, and the next cell resumes it on three new replicas with the namespace intact (per-name
+digests on every replica), also after a gateway restart."""
+
+import time
+import urllib.request
+
+import pytest
+
+from cluster import KernelSocket, SplitCluster, rest_call
+from test_self_healing import DIGEST, STATE, digests_by_replica, expected_digest
+
+IDLE_MINUTES = "0.05"  # 3 s
+
+
+@pytest.fixture
+def cluster():
+    c = SplitCluster(hosts=3, gateway_args=("--idle-suspend-minutes", IDLE_MINUTES))
+    yield c
+    c.ps.stop()
+
+
+def view(c):
+    status, body = rest_call(c.url, c.token, "GET", "/api/nbos/cluster")
+    assert status == 200, body
+    return body
+
+
+def kernel_of(c, kernel_id):
+    return next(k for k in view(c)["kernels"] if k["id"] == kernel_id)
+
+
+def wait_suspended(c, kernel_id, timeout=60):
+    deadline = time.time() + timeout
+    while not kernel_of(c, kernel_id)["suspended"]:
+        assert time.time() < deadline, f"the idle kernel was not suspended: {view(c)}"
+        time.sleep(0.2)
+    body = view(c)
+    assert kernel_of(c, kernel_id)["replicas"] == []
+    for server in body["servers"]:
+        assert server["subscribed"]["millicpus"] == 0, server
+    deadline = time.time() + 30
+    while c.replicas():
+        assert time.time() < deadline, f"replica processes still run: {c.replicas()}"
+        time.sleep(0.2)
+
+
+def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute(STATE + "import os\nos.environ['NBOS_KEPT'] = 'yes'\n")
+    assert reply["content"]["status"] == "ok", reply["content"]
+
+    wait_suspended(c, kid)
+    # A client connecting to a suspended kernel is answered without waking it.
+    KernelSocket(c.url, kid, c.token).close()
+    assert kernel_of(c, kid)["suspended"]
+
+    # A cell on the socket opened before the suspension wakes the kernel.
+    started = time.time()
+    reply, iopub = ks.execute(DIGEST)
+    resumed_s = time.time() - started
+    assert reply["content"]["status"] == "ok", reply["content"]
+    text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    assert text == expected_digest()
+    kernel = kernel_of(c, kid)
+    assert not kernel["suspended"]
+    replicas = {r["replica_id"] for r in kernel["replicas"]}
+    assert len(replicas) == 3 and all(r["state"] == "live" for r in kernel["replicas"])
+    assert set(digests_by_replica(ks, replicas).values()) == {expected_digest()}
+    reply, iopub = ks.execute("import os\nprint(os.environ['NBOS_KEPT'])")
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "yes\n"
+    suspensions = view(c)["suspensions"]
+    assert suspensions["suspended"] == 1 and suspensions["resumed"] == 1, suspensions
+    print(f"resume (cell sent -> its reply): {resumed_s:.2f} s; "
+          f"gateway's resume time: {suspensions['resume_ms']} ms")
+    req = urllib.request.Request(c.url + "/metrics", headers={"Authorization": f"token {c.token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert 'nbos_kernel_suspensions_total{event="resumed"} 1' in resp.read().decode()
+
+    # Suspended again, across a gateway restart: the kernel comes back suspended and resumes.
+    wait_suspended(c, kid)
+    ks.close()
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    assert kernel_of(c, kid)["suspended"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, iopub = ks.execute(DIGEST)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == \
+        expected_digest()
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
+    c.wait_no_replicas()
