@@ -22,6 +22,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "gateway"))
 
+from healing_bench import wait  # noqa: E402
+
 CHECK = "print(len(names), flush=True)"
 
 
@@ -30,17 +32,6 @@ def state_cell(big_mb):
         return "names = {f'v{i}': list(range(i)) for i in range(100)}"
     return (f"import torch\nnames = {{f't{{i}}': torch.ones({big_mb} << 16) * i "
             f"for i in range(4)}}")  # 4 tensors of big_mb/4 MB each
-
-
-def wait(predicate, what, timeout=180):
-    deadline = time.time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def timed_cell(ks, code):
