@@ -16,7 +16,8 @@ constexpr std::chrono::milliseconds kCheckpointTimeout{120000};
 void KernelManager::SuspendIdle(std::chrono::milliseconds idle) {
   for (const std::string& id : registry_->IdleKernels(idle)) {
     chores_.Post(id, [this, id] {
-      if (Status s = Suspend(id); !s.ok()) spdlog::info("kernel {} not suspended: {}", id, s.message());
+      if (Status s = Suspend(id); !s.ok())
+        spdlog::info("kernel {} not suspended: {}", id, s.message());
     });
   }
 }
@@ -42,8 +43,9 @@ Status KernelManager::Suspend(const std::string& kernel_id) {
                                     kCheckpointTimeout);
   if (!reply.ok() || reply->value("status", "") != "ok" || !(*reply)["key"].is_string()) {
     session->HoldExecutions(false);
-    return Unavailable("checkpointing replica " + std::to_string(from) + ": " +
-                       (reply.ok() ? reply->value("evalue", reply->dump()) : reply.status().message()));
+    return Unavailable(
+        "checkpointing replica " + std::to_string(from) + ": " +
+        (reply.ok() ? reply->value("evalue", reply->dump()) : reply.status().message()));
   }
   const std::string key = (*reply)["key"];
   // From here requests wait for a resume instead of going to replicas that are stopping.
