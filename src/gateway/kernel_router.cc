@@ -450,10 +450,14 @@ void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
   ++stats_.failed_without_quorum;
   AnswerWithError(
       head.client, Channel::kShell, head.request, "ReplicasUnavailable",
-      fmt::format("{} of {} replicas of this kernel are unreachable, so it cannot run a "
-                  "cell now; nbos is replacing them (or waiting for their servers to "
-                  "return). The cell did not run: run it again in a moment",
-                  members - live, members),
+      members == 0
+          ? std::string("this kernel was suspended for being idle and its replicas could not "
+                        "be started again (see the gateway's log). The cell did not run: run it "
+                        "again to retry")
+          : fmt::format("{} of {} replicas of this kernel are unreachable, so it cannot run a "
+                        "cell now; nbos is replacing them (or waiting for their servers to "
+                        "return). The cell did not run: run it again in a moment",
+                        members - live, members),
       out);
 }
 

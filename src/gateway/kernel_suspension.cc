@@ -3,6 +3,8 @@
 // open notebook does not wake its kernel, and a cell wakes it without the client reconnecting.
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 #include "gateway/kernel_manager.h"
 #include "gateway/replica_ops.h"
 #include "jupyter/connection_file.h"
@@ -11,6 +13,7 @@ namespace nbos::gateway {
 
 namespace {
 constexpr std::chrono::milliseconds kCheckpointTimeout{120000};
+constexpr std::chrono::milliseconds kResumeRetryPause{2000};
 }  // namespace
 
 void KernelManager::SuspendIdle(std::chrono::milliseconds idle) {
@@ -83,10 +86,13 @@ Status KernelManager::Resume(const std::string& kernel_id, SteadyClock::time_poi
       StopReplicas(failed->meta);
     }
     registry_->UndoResume(kernel_id);
-    // The waiting requests are answered (no replicas: ReplicasUnavailable); the next one tries
-    // again.
+    // The waiting cells are answered (no replicas: ReplicasUnavailable) and the next request
+    // tries again, not before a pause (this kernel's next Resume runs after this one returns):
+    // requests that cannot be answered without replicas (kernel_info before any was seen) stay
+    // queued and would wake the kernel at once.
     k->session->SetSuspended(false);
     k->session->SetSuspended(true);
+    std::this_thread::sleep_for(kResumeRetryPause);
     return s;
   }
   const int64_t took_ms =

@@ -98,3 +98,38 @@ def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
     ks.close()
     assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
     c.wait_no_replicas()
+
+
+def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster):
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("kept = 'state'")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    wait_suspended(c, kid)
+    # Every server goes away: the kernel cannot resume, and the cell is answered saying so.
+    for i in range(1, c.hosts + 1):
+        c.kill_host(i)
+    deadline = time.time() + 30
+    while any(s["alive"] for s in view(c)["servers"]):
+        assert time.time() < deadline, view(c)["servers"]
+        time.sleep(0.2)
+    reply, _ = ks.execute("print(kept)")
+    assert reply["content"]["status"] == "error", reply["content"]
+    assert reply["content"]["ename"] == "ReplicasUnavailable", reply["content"]
+    assert "suspended" in reply["content"]["evalue"], reply["content"]
+    # The servers are back: the next cell resumes the kernel with its state.
+    for i in range(1, c.hosts + 1):
+        c.start_daemon(i)
+    deadline = time.time() + 30
+    while not all(s["alive"] for s in view(c)["servers"]):
+        assert time.time() < deadline, view(c)["servers"]
+        time.sleep(0.2)
+    reply, iopub = ks.execute("print(kept)")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
+    c.wait_no_replicas()
