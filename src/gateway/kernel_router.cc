@@ -664,9 +664,8 @@ void KernelRouter::OnRecoveryTimer(Effects* out) {
   recovery_.timer_id = 0;
   if (!recovery_.asking && !recovery_.running) return;
   if (!recovery_.running && now_us_ - recovery_.since_us > 10'000'000) {
-    recovery_.asking = false;  // nobody knows of a cell in flight: go on
+    recovery_.asking = false;  // nobody knows of a cell in flight: go on (Apply's Pump)
     recovery_.queries.clear();
-    Pump(out);
     return;
   }
   AskForLastExecution(out);
@@ -679,26 +678,22 @@ void KernelRouter::OnLastExecution(const Json& content, Effects* out) {
   const Json& e = content.is_object() ? content.value("execution", none) : none;
   if (!e.is_object() || !e.value("header", none).is_object()) {
     // This replica served no execute_request (e.g. it replaced a lost one): others may have.
-    if (recovery_.queries.empty() && !recovery_.running) {
-      recovery_.asking = false;
-      Pump(out);
-    }
+    if (recovery_.queries.empty() && !recovery_.running) recovery_.asking = false;
     return;
   }
   if (e.value("state", "") == "running") {
     recovery_.running = true;
     return;  // asked again when the timer fires
   }
+  // Settled: the queue moves on in Apply's Pump.
   recovery_ = Recovery{};
   if (!e.value("content", none).is_object() || e.value("done_ms_ago", int64_t{0}) > 60'000) {
-    Pump(out);
     return;
   }
   Message reply = factory_.Make("execute_reply", e["content"], e["header"]);
   reply.metadata = e.value("metadata", Json::object());
   recovery_.reply = std::move(reply);
   for (ClientId client : clients_) DeliverRecovered(client, out);
-  Pump(out);
 }
 
 void KernelRouter::DeliverRecovered(ClientId client, Effects* out) {

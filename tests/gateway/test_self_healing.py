@@ -69,12 +69,12 @@ def expected_digest():
     return hashlib.sha256(a + t + b"heal,heal,heal,heal,heal").hexdigest()
 
 
-def kernel_with_state(c):
-    """A new kernel holding STATE: (its id, a socket to it, its entry in the cluster view)."""
+def kernel_with_state(c, state=STATE):
+    """A new kernel that ran `state`: (its id, a socket to it, its entry in the cluster view)."""
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
     ks = KernelSocket(c.url, model["id"], c.token)
-    reply, _ = ks.execute(STATE)
+    reply, _ = ks.execute(state)
     assert reply["content"]["status"] == "ok", reply["content"]
     return model["id"], ks, kernel_view(c, model["id"])[0]
 

@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 
 from cluster import KernelSocket, SplitCluster, rest_call
-from test_self_healing import DIGEST, STATE, digests_by_replica, expected_digest
+from test_self_healing import (DIGEST, STATE, digests_by_replica, expected_digest,
+                               kernel_with_state)
 
 IDLE_MINUTES = "0.05"  # 3 s
 
@@ -49,12 +50,7 @@ def wait_suspended(c, kernel_id, timeout=60):
 
 def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
     c = cluster
-    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
-    assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute(STATE + "import os\nos.environ['NBOS_KEPT'] = 'yes'\n")
-    assert reply["content"]["status"] == "ok", reply["content"]
+    kid, ks, _ = kernel_with_state(c, STATE + "import os\nos.environ['NBOS_KEPT'] = 'yes'\n")
 
     wait_suspended(c, kid)
     # A client connecting to a suspended kernel is answered without waking it.
@@ -102,12 +98,7 @@ def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
 
 def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster):
     c = cluster
-    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
-    assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute("kept = 'state'")
-    assert reply["content"]["status"] == "ok", reply["content"]
+    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
     wait_suspended(c, kid)
     # Every server goes away: the kernel cannot resume, and the cell is answered saying so.
     for i in range(1, c.hosts + 1):

@@ -397,6 +397,17 @@ def test_restart_catches_up_from_snapshot_and_checkpoint():
         group.close()
 
 
+def run_lone_replica(*args):
+    """Runs a one-member replica with `args` that should keep it from starting; its result."""
+    d = tempfile.mkdtemp(prefix="nbos-lone-")
+    conn = os.path.join(d, "kernel.json")
+    write_kernel_connection_file(conn, b"k")
+    return subprocess.run(
+        [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
+         f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"), *args],
+        capture_output=True, text=True, timeout=TIMEOUT)
+
+
 def test_redis_blob_store_and_a_missing_store():
     port = free_port_pair()
     redis = subprocess.Popen(["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
@@ -423,14 +434,7 @@ def test_redis_blob_store_and_a_missing_store():
         redis.wait()
     # No store reachable: the replica refuses to start and says why.
     dead = free_port_pair()
-    d = tempfile.mkdtemp(prefix="nbos-nostore-")
-    conn = os.path.join(d, "kernel.json")
-    write_kernel_connection_file(conn, b"k")
-    result = subprocess.run(
-        [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
-         f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"),
-         "--blob-store", f"redis://127.0.0.1:{dead}/0"],
-        capture_output=True, text=True, timeout=TIMEOUT)
+    result = run_lone_replica("--blob-store", f"redis://127.0.0.1:{dead}/0")
     assert result.returncode != 0
     assert f"127.0.0.1:{dead}" in result.stderr, result.stderr
 
@@ -465,13 +469,6 @@ def test_a_checkpoint_starts_a_new_group_with_the_namespace():
     finally:
         resumed.close()
 
-    d = tempfile.mkdtemp(prefix="nbos-nocheckpoint-")
-    conn = os.path.join(d, "kernel.json")
-    write_kernel_connection_file(conn, b"k")
-    result = subprocess.run(
-        [nbos_bin(), "replica", "-f", conn, "--id", "1", "--raft",
-         f"127.0.0.1:{free_port_pair()}", "--data-dir", os.path.join(d, "raft"),
-         "--blob-store", group.store_url, "--restore-from", "0" * 64],
-        capture_output=True, text=True, timeout=TIMEOUT)
+    result = run_lone_replica("--blob-store", group.store_url, "--restore-from", "0" * 64)
     assert result.returncode != 0
     assert "checkpoint to restore" in result.stderr, result.stderr
