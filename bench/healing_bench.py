@@ -10,6 +10,14 @@ replacement (a gateway and 4 daemons started one by one, 1 GPU each; a kernel ho
   replaced    loss seen by the gateway -> the new replica answers (replacement_ms)
   total       server killed -> three live replicas in the cluster view
 
+no majority (a gateway and 4 daemons; two of a kernel's three servers frozen with SIGSTOP just
+before a cell is sent, then thawed):
+  baseline    the same cell with every server answering
+  standbys    the two servers of the standbys frozen: execute_request -> ReplicasUnavailable
+              ("did not run": the live executor confirmed it had not begun the cell)
+  executor    the executor's server and one other frozen: -> ReplicasUnavailable ("not known")
+  target: every execute_request answered within 2 s
+
 scale-out (`nbos up --hosts 3 --max-hosts 4`, 1 GPU each, every GPU held by a long cell):
   scale-out   a cell that needs a GPU: execute_request -> reply, a server started, registered
               and a replica migrated to it on the way
@@ -109,6 +117,40 @@ def scale_out_round(Cluster, KernelSocket):
         c.stop()
 
 
+def no_majority_round(SplitCluster, KernelSocket, rest_call):
+    import signal
+    c = SplitCluster(hosts=4)
+    try:
+        kid = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})[1]["id"]
+        ks = KernelSocket(c.url, kid, c.token)
+        reply, _ = ks.execute("x = 1")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        started = time.perf_counter()
+        reply, _ = ks.execute("x += 1")
+        row = [(time.perf_counter() - started) * 1000]
+        executor = reply["metadata"]["nbos"]["executor"]
+        view = rest_call(c.url, c.token, "GET", "/api/nbos/cluster")[1]
+        host = {r["replica_id"]: int(r["server_id"].split("-")[1])
+                for r in kernel_of(view, kid)["replicas"]}
+        others = sorted(h for rid, h in host.items() if rid != executor)
+        for frozen in (others, [host[executor], others[0]]):
+            for i in frozen:
+                c.signal_host(i, signal.SIGSTOP)
+            started = time.perf_counter()
+            reply, _ = ks.execute("x += 1")
+            row.append((time.perf_counter() - started) * 1000)
+            assert reply["content"].get("ename") == "ReplicasUnavailable", reply["content"]
+            for i in frozen:
+                c.signal_host(i, signal.SIGCONT)
+            wait(lambda: ks.execute("x")[0]["content"]["status"] == "ok", "the kernel to resume")
+        ks.close()
+        return row
+    finally:
+        for i in range(1, 5):
+            c.signal_host(i, signal.SIGCONT)
+        c.ps.stop()
+
+
 def report(title, names, rows):
     print(title)
     for i, name in enumerate(names):
@@ -125,15 +167,19 @@ def main():
     os.environ["NBOS_BIN"] = os.path.abspath(args.nbos)
     from cluster import Cluster, KernelSocket, SplitCluster, rest_call
 
-    replacement, scale_out = [], []
+    replacement, scale_out, no_majority = [], [], []
     for _ in range(args.rounds):
         replacement.append(replacement_round(SplitCluster, KernelSocket, rest_call, args.state_mb))
         scale_out.append(scale_out_round(Cluster, KernelSocket))
+        no_majority.append(no_majority_round(SplitCluster, KernelSocket, rest_call))
     report(f"replacement of a lost server's replica, {args.rounds} rounds, "
            f"state ~{args.state_mb} MB:",
            ("baseline", "detected", "replaced", "total"), replacement)
     print("  target: three live replicas within 10 s of the loss being detected (replaced)")
     report(f"scale-out, {args.rounds} rounds:", ("scale-out", "baseline"), scale_out)
+    report(f"a cell sent as two of three servers freeze, {args.rounds} rounds:",
+           ("baseline", "standbys", "executor"), no_majority)
+    print("  target: every execute_request answered within 2 s")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ const char* const kFields[] = {
     "allow_stdin", "stop_on_error", "cursor_pos",      "detail_level",  "hist_access_type",
     "n",           "comm_id",       "target_name",     "data",          "restart",
     "value",       "status",        "execution_state", "name",          "text",
-    "prompt"};
+    "prompt",      "cancelled"};
 const Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kStdin, Channel::kIopub};
 
 struct Fuzz {
@@ -135,6 +135,7 @@ struct Fuzz {
     if (type == "status") return {{"execution_state", "idle"}};
     if (type == "stream") return {{"name", "stdout"}, {"text", "x"}};
     if (type == "input_request") return {{"prompt", "?"}, {"password", false}};
+    if (type == "nbos_cancel_reply") return {{"status", "ok"}, {"cancelled", true}};
     if (type == "nbos_execution_reply") {
       return {{"status", "ok"},
               {"execution",
@@ -266,7 +267,14 @@ struct Fuzz {
       case 9:
         return gw::TimerFired{in.ConsumeBool() ? last_timer : 1};
       case 10:
-        return in.ConsumeBool() ? gw::RouterEvent(gw::ReplicaLost{r}) : gw::ReplicaBack{r};
+        switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+          case 0:
+            return gw::ReplicaLost{r};
+          case 1:
+            return gw::ReplicaBack{r};
+          default:
+            return gw::ReplicaReachable{r, in.ConsumeBool()};
+        }
       case 11:
         return in.ConsumeBool() ? gw::RouterEvent(gw::ReplicaLinked{r}) : gw::ReplicaUnlinked{r};
       case 12:

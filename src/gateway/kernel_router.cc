@@ -100,6 +100,7 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                  [&](ReplicaMessage& e) { OnReplicaMessage(e, &out); },
                  [&](ReplicaLost& e) { SetLive(e.replica, false, &out); },
                  [&](ReplicaBack& e) { SetLive(e.replica, true, &out); },
+                 [&](ReplicaReachable& e) { SetReachable(e.replica, e.reachable, &out); },
                  [&](ReplicaLinked& e) {
                    if (replicas_.count(e.replica)) return;
                    replicas_[e.replica] = true;
@@ -187,11 +188,13 @@ void KernelRouter::Reject(ClientId client, const Rejection& rejection, const Mes
 
 void KernelRouter::AnswerWithError(ClientId client, Channel channel, const Message& request,
                                    const std::string& ename, const std::string& evalue,
-                                   Effects* out) {
+                                   Effects* out, bool with_busy) {
   const bool execute = request.msg_type() == "execute_request";
   const std::string reply_type = jupyter::ReplyTypeFor(request.msg_type());
-  Broadcast(Channel::kIopub,
-            factory_.Make("status", Json{{"execution_state", "busy"}}, request.header), out);
+  if (with_busy) {
+    Broadcast(Channel::kIopub,
+              factory_.Make("status", Json{{"execution_state", "busy"}}, request.header), out);
+  }
   const Json traceback = Json::array({ename + ": " + evalue});
   if (execute) {
     // Front ends show a cell's errors from iopub, not from the reply.
@@ -446,19 +449,23 @@ void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
   Queued head = std::move(shell_queue_.front());
   shell_queue_.pop_front();
   reply_to_.erase(head.request.msg_id());
-  const size_t members = replicas_.size();
   ++stats_.failed_without_quorum;
-  AnswerWithError(
-      head.client, Channel::kShell, head.request, "ReplicasUnavailable",
-      members == 0
-          ? std::string("this kernel was suspended for being idle and its replicas could not "
-                        "be started again (see the gateway's log). The cell did not run: run it "
-                        "again to retry")
-          : fmt::format("{} of {} replicas of this kernel are unreachable, so it cannot run a "
-                        "cell now; nbos is replacing them (or waiting for their servers to "
-                        "return). The cell did not run: run it again in a moment",
-                        members - live, members),
-      out);
+  AnswerWithError(head.client, Channel::kShell, head.request, "ReplicasUnavailable",
+                  replicas_.empty()
+                      ? std::string("this kernel was suspended for being idle and its "
+                                    "replicas could not be started again (see the "
+                                    "gateway's log). The cell did not run: run it "
+                                    "again to retry")
+                      : NoQuorumMessage(live),
+                  out);
+}
+
+std::string KernelRouter::NoQuorumMessage(size_t live) const {
+  return fmt::format(
+      "{} of {} replicas of this kernel are unreachable, so it cannot run a cell now; nbos is "
+      "replacing them (or waiting for their servers to return). The cell did not run: run it "
+      "again in a moment",
+      replicas_.size() - live, replicas_.size());
 }
 
 void KernelRouter::CancelWaitingExecution(Effects* out) {
@@ -535,6 +542,11 @@ void KernelRouter::ForwardReply(Channel channel, Message reply, Effects* out) {
     control_to_.erase(parent);
     return;
   }
+  if (!quorum_cancel_id_.empty() && parent == quorum_cancel_id_) {
+    quorum_cancel_id_.clear();
+    OnQuorumCancelReply(reply, out);
+    return;
+  }
   if (auto query = recovery_.queries.find(parent); query != recovery_.queries.end()) {
     recovery_.queries.erase(query);
     OnLastExecution(reply.content, out);
@@ -584,7 +596,10 @@ void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out) {
     it = control_to_.erase(it);
   }
   for (Message& m : merger_.OnReplicaLost(r)) Route(Channel::kIopub, std::move(m), out);
-  if (!in_flight_ || in_flight_->plan.target_replica != r) return;
+  if (!in_flight_ || in_flight_->plan.target_replica != r) {
+    CancelForQuorum(out);
+    return;
+  }
   const std::set<ReplicaId> rest = live_replicas();
   if (rest.empty()) {
     FailInFlight("every replica of this kernel was lost while the cell ran", out);
@@ -603,11 +618,86 @@ void KernelRouter::Unlink(ReplicaId r, Effects* out) {
   if (!replicas_.count(r)) return;
   SetLive(r, false, out);
   replicas_.erase(r);
+  unreachable_.erase(r);
   merger_.OnReplicaBack(r);  // forgotten, not lost
   if (merger_.primary() == r) {
     const std::set<ReplicaId> live = live_replicas();
     if (!live.empty()) merger_.SetPrimary(*live.begin());
   }
+}
+
+// Heartbeats tell within about a second that a replica stopped answering, long before its
+// daemon's loss is declared; a replica that is only slow answers again, and nothing it owes was
+// settled meanwhile (its reply still counts).
+void KernelRouter::SetReachable(ReplicaId r, bool reachable, Effects* out) {
+  if (!replicas_.count(r)) return;
+  if (!reachable) {
+    if (unreachable_.insert(r).second) CancelForQuorum(out);
+    return;
+  }
+  if (!unreachable_.erase(r)) return;
+  // It may still hold a cell answered as not run in its queue: it must not run it.
+  for (const std::string& exec_id : cancelled_exec_ids_) SendCancel(r, exec_id, out);
+}
+
+// The majority went while a cell was in flight: no replica can commit it, and the client would
+// wait as long as the replicas stay away. Only the executor knows whether it began the cell, so a
+// live executor is asked first. An unreachable one cannot be asked: the cell is answered at once,
+// saying that whether it ran is not known.
+void KernelRouter::CancelForQuorum(Effects* out) {
+  if (!in_flight_ || in_flight_->cancel_asked) return;
+  if (2 * live_replicas().size() > replicas_.size()) return;
+  in_flight_->cancel_asked = true;
+  const ReplicaId target = in_flight_->plan.target_replica;
+  if (!IsLive(target)) {
+    AbandonInFlight(fmt::format("{} of {} replicas of this kernel are unreachable, among them the "
+                                "one chosen to run this cell; nbos is replacing them (or waiting "
+                                "for their servers to return). Whether the cell ran is not known "
+                                "yet: look at the kernel's state before running it again",
+                                replicas_.size() - live_replicas().size(), replicas_.size()),
+                    out);
+    return;
+  }
+  Message cancel =
+      factory_.Make("nbos_cancel_request", Json{{"exec_id", in_flight_->exec_id}}, Json());
+  quorum_cancel_id_ = cancel.msg_id();
+  merger_.Expect(cancel.msg_id(), {target});
+  SendTo({target}, Channel::kControl, cancel, out);
+}
+
+void KernelRouter::OnQuorumCancelReply(const Message& reply, Effects* out) {
+  if (!in_flight_ || !in_flight_->cancel_asked || !BoolField(reply.content, "cancelled", false))
+    return;  // the executor began the cell (or it is done): its reply will come
+  AbandonInFlight(NoQuorumMessage(live_replicas().size()), out);
+}
+
+// Answers the in-flight cell on the replicas' behalf. Every replica, now or when it comes back, is
+// told to cancel it, so one that has not begun it never will; their later messages for it are
+// dropped. The replicated state stays the same everywhere either way: a cell that does run
+// reaches every replica through the log.
+void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
+  InFlight cancelled = std::move(*in_flight_);
+  in_flight_.reset();
+  if (!cancelled.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{cancelled.plan});
+  cancelled_exec_ids_.push_back(cancelled.exec_id);
+  if (cancelled_exec_ids_.size() > 8) cancelled_exec_ids_.pop_front();
+  for (ReplicaId r : live_replicas())
+    if (r != cancelled.plan.target_replica) SendCancel(r, cancelled.exec_id, out);  // it knows
+  const bool busy_sent = merger_.Abandon(cancelled.msg_id);
+  Message request;
+  request.header = cancelled.header;
+  auto client = reply_to_.find(cancelled.msg_id);
+  const ClientId to = client == reply_to_.end() ? 0 : client->second;
+  if (client != reply_to_.end()) reply_to_.erase(client);
+  ++stats_.failed_without_quorum;
+  AnswerWithError(to, Channel::kShell, request, "ReplicasUnavailable", why, out,
+                  /*with_busy=*/!busy_sent);
+}
+
+void KernelRouter::SendCancel(ReplicaId to, const std::string& exec_id, Effects* out) {
+  Message cancel = factory_.Make("nbos_cancel_request", Json{{"exec_id", exec_id}}, Json());
+  merger_.Expect(cancel.msg_id(), {to});  // its reply has no client; the merger settles it
+  SendTo({to}, Channel::kControl, cancel, out);
 }
 
 // Answers the in-flight execution on the replicas' behalf when none of them can.
@@ -771,13 +861,13 @@ ReplicaId KernelRouter::ControlTarget() const {
 
 bool KernelRouter::IsLive(ReplicaId replica) const {
   auto it = replicas_.find(replica);
-  return it != replicas_.end() && it->second;
+  return it != replicas_.end() && it->second && !unreachable_.count(replica);
 }
 
 std::set<ReplicaId> KernelRouter::live_replicas() const {
   std::set<ReplicaId> live;
   for (const auto& [r, is_live] : replicas_)
-    if (is_live) live.insert(r);
+    if (is_live && !unreachable_.count(r)) live.insert(r);
   return live;
 }
 

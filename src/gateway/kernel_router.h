@@ -33,10 +33,19 @@
 // - Replica loss: what the lost replica owed is settled by the merger; if it was executing, the
 //   standbys get nbos_cancel_request (they answer with the last committed state); with no live
 //   replica left the cell is answered with ExecutorLost. A loss during planning re-plans.
+// - Unreachable (ReplicaReachable: the gateway's heartbeat went unanswered) is a faster, weaker
+//   signal than lost: such a replica is left out of new requests and counts as absent for the
+//   majority, but what it owes is not settled, as a slow replica may still answer.
 // - No live majority of the linked replicas (no replica could commit a cell): an execute_request
 //   at the head of the queue is answered at once with ReplicasUnavailable (how many are
 //   unreachable, what nbos does about it) instead of waiting; later ones run once a majority is
-//   back. Other shell requests still go to a live replica (they commit nothing).
+//   back. Other shell requests still go to a live replica (they commit nothing). When the
+//   majority goes while a cell is in flight and its executor is live, the executor is asked to
+//   cancel it (nbos_cancel_request); if it had not begun the cell, the cell is answered with
+//   ReplicasUnavailable ("did not run"), and a cell it began is left to its replicas. With the
+//   executor unreachable the cell is answered at once, saying that whether it ran is not known.
+//   Either way the replicas' later messages for it are dropped, and every live replica, and each
+//   one that comes back, is told to cancel it (one that has not begun it never will).
 // - RecoverExecution (a kernel restored after a gateway restart): the live replicas are asked
 //   for the last execute_request they served (nbos_execution_request). While one still runs it,
 //   executions wait and the replicas are asked again every 500 ms; once it is done, its
@@ -154,6 +163,11 @@ struct ControlCallRequested {
   std::string msg_type;
   jupyter::Json content = jupyter::Json::object();
 };
+// The gateway's heartbeat to a replica went unanswered past its timeout, or is answered again.
+struct ReplicaReachable {
+  ReplicaId replica = 0;
+  bool reachable = true;
+};
 // The session is closing: outstanding calls fail, the grant in flight is released, clients close.
 struct RouterClosing {};
 // The kernel was restored after a gateway restart (see Rules).
@@ -167,7 +181,7 @@ using RouterEvent =
     std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage, ReplicaLost,
                  ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone, TimerFired,
                  InterruptRequested, ExecutionsHeld, ProbeRequested, ControlCallRequested,
-                 RouterClosing, RecoverExecution, SuspendChanged>;
+                 RouterClosing, RecoverExecution, SuspendChanged, ReplicaReachable>;
 
 // ---- Effects ----------------------------------------------------------------------------------
 
@@ -271,6 +285,7 @@ class KernelRouter {
     ExecutionPlan plan;
     int64_t received_us = 0, planned_us = 0, sent_us = 0;
     bool stop_on_error = true;
+    bool cancel_asked = false;  // CancelForQuorum ran for it
   };
   // The head execute_request's planning: a PlanWanted or a replan timer outstanding.
   struct Planning {
@@ -316,8 +331,15 @@ class KernelRouter {
   void FinishExecution(jupyter::Message* reply, Effects* out);
   void AbortQueuedExecutions(Effects* out);
   void AnswerWithError(ClientId client, jupyter::Channel channel, const jupyter::Message& request,
-                       const std::string& ename, const std::string& evalue, Effects* out);
+                       const std::string& ename, const std::string& evalue, Effects* out,
+                       bool with_busy = true);
   void FailInFlight(const std::string& why, Effects* out);
+  void SetReachable(ReplicaId replica, bool reachable, Effects* out);
+  void CancelForQuorum(Effects* out);
+  void OnQuorumCancelReply(const jupyter::Message& reply, Effects* out);
+  void AbandonInFlight(const std::string& why, Effects* out);
+  void SendCancel(ReplicaId to, const std::string& exec_id, Effects* out);
+  std::string NoQuorumMessage(size_t live) const;
   void Reject(ClientId client, const Rejection& rejection, const jupyter::Message* request,
               jupyter::Channel channel, Effects* out);
   void Route(jupyter::Channel channel, jupyter::Message m, Effects* out);
@@ -335,6 +357,11 @@ class KernelRouter {
   jupyter::MessageFactory factory_;
   OutputMerger merger_;
   std::map<ReplicaId, bool> replicas_;  // linked replicas and whether each is live
+  std::set<ReplicaId> unreachable_;     // linked replicas whose heartbeat goes unanswered
+  // The cancel asked of the in-flight cell's executor when the majority went (msg_id), and the
+  // cells answered that way, whose cancel each replica coming back gets (the newest few).
+  std::string quorum_cancel_id_;
+  std::deque<std::string> cancelled_exec_ids_;
   std::set<ClientId> clients_;
   std::deque<Queued> shell_queue_;
   std::optional<InFlight> in_flight_;

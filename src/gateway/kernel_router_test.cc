@@ -128,6 +128,8 @@ RouterEvent ParseEvent(const std::string& line) {
   }
   if (cmd == "lost") return ReplicaLost{static_cast<ReplicaId>(num(1))};
   if (cmd == "back") return ReplicaBack{static_cast<ReplicaId>(num(1))};
+  if (cmd == "unreachable") return ReplicaReachable{static_cast<ReplicaId>(num(1)), false};
+  if (cmd == "reachable") return ReplicaReachable{static_cast<ReplicaId>(num(1)), true};
   if (cmd == "link") return ReplicaLinked{static_cast<ReplicaId>(num(1))};
   if (cmd == "unlink") return ReplicaUnlinked{static_cast<ReplicaId>(num(1))};
   if (cmd == "plan-done") {

@@ -18,6 +18,7 @@
 #include "common/ids.h"
 #include "common/overloaded.h"
 #include "common/thread_annotations.h"
+#include "gateway/heartbeat_monitor.h"
 #include "jupyter/websocket_codec.h"
 #include "jupyter/wire.h"
 
@@ -37,6 +38,13 @@ int64_t NowUs() {
 
 constexpr Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kStdin,
                                  Channel::kIopub};
+constexpr size_t kPollItemsPerLink = 5;  // the four channels, then the heartbeat
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             SteadyClock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
@@ -44,6 +52,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
   struct Link {
     ReplicaEndpoint endpoint;
     zmq::socket_t sockets[4];  // by kChannels order: shell, control, stdin, iopub
+    zmq::socket_t heartbeat;   // to the replica's heartbeat echo
     zmq::socket_t& socket(Channel c) {
       switch (c) {
         case Channel::kShell:
@@ -88,7 +97,9 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
   };
 
   explicit Impl(KernelSessionOptions o)
-      : options(std::move(o)), router(RouterOptionsFor(options)) {}
+      : options(std::move(o)),
+        router(RouterOptionsFor(options)),
+        heartbeats({options.heartbeat_interval_ms, options.heartbeat_timeout_ms}) {}
 
   static RouterOptions RouterOptionsFor(const KernelSessionOptions& o) {
     RouterOptions r;
@@ -111,6 +122,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
 
   // The session thread's own (and the Shutdown caller's, once the thread is joined).
   KernelRouter router;
+  HeartbeatMonitor heartbeats;
   zmq::context_t context{1};
   std::vector<Link> links;
   bool links_changed = false;
@@ -299,6 +311,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     if (!change.add) {
       Apply(ReplicaUnlinked{change.remove});
       std::erase_if(links, [&](const Link& l) { return l.endpoint.replica_id == change.remove; });
+      heartbeats.Remove(change.remove);
       links_changed = true;
       return Status::Ok();
     }
@@ -308,6 +321,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     }
     try {
       links.push_back(Connect(*change.add));
+      heartbeats.Add(change.add->replica_id, SteadyMs());
     } catch (const zmq::error_t& e) {
       return Unavailable(std::string("connecting to the new replica: ") + e.what());
     }
@@ -344,7 +358,39 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
       if (channel == Channel::kIopub) s.set(zmq::sockopt::subscribe, "");
       s.connect(c.Endpoint(port));
     }
+    l.heartbeat = zmq::socket_t(context, zmq::socket_type::dealer);
+    l.heartbeat.set(zmq::sockopt::linger, 0);
+    l.heartbeat.set(zmq::sockopt::sndhwm, 8);  // pings to a frozen replica do not pile up
+    l.heartbeat.set(zmq::sockopt::maxmsgsize, int64_t{64});
+    l.heartbeat.connect(c.Endpoint(c.hb_port));
     return l;
+  }
+
+  // Echoes first, then the verdicts: a session thread that was itself late to look finds the
+  // echoes that came meanwhile and blames nobody.
+  void Heartbeat() {
+    for (Link& l : links) {
+      bool echoed = false;
+      zmq::message_t echo;
+      while (l.heartbeat.recv(echo, zmq::recv_flags::dontwait)) echoed = true;
+      if (echoed && heartbeats.Echo(l.endpoint.replica_id)) {
+        spdlog::info("kernel {}: replica {} answers heartbeats again", options.kernel_id,
+                     l.endpoint.replica_id);
+        Apply(ReplicaReachable{l.endpoint.replica_id, true});
+        if (links_changed) return;
+      }
+    }
+    const HeartbeatMonitor::Tick tick = heartbeats.Advance(SteadyMs());
+    for (ReplicaId r : tick.ping) {
+      if (Link* l = FindLink(r))
+        (void)l->heartbeat.send(zmq::str_buffer("ping"), zmq::send_flags::dontwait);
+    }
+    for (const auto& [r, reachable] : tick.reachable) {
+      spdlog::warn("kernel {}: replica {} has not answered heartbeats for {} ms", options.kernel_id,
+                   r, options.heartbeat_timeout_ms);
+      Apply(ReplicaReachable{r, reachable});
+      if (links_changed) return;
+    }
   }
 
   void ReceiveAll(Link& link, Channel channel) {
@@ -373,6 +419,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     std::vector<zmq::pollitem_t> items;
     for (Link& l : links) {
       for (zmq::socket_t& s : l.sockets) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
+      items.push_back({l.heartbeat.handle(), 0, ZMQ_POLLIN, 0});
     }
     MutexLock lock(&mu);
     items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
@@ -381,9 +428,12 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
 
   std::chrono::milliseconds PollTimeout() const {
     constexpr std::chrono::milliseconds kIdle{500};
-    if (timers.empty()) return kIdle;
-    const auto wait =
-        std::chrono::ceil<std::chrono::milliseconds>(timers.begin()->first - SteadyClock::now());
+    auto wait = std::chrono::milliseconds(
+        std::clamp<int64_t>(heartbeats.next_due_ms() - SteadyMs(), 0, kIdle.count()));
+    if (!timers.empty()) {
+      wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(timers.begin()->first -
+                                                                         SteadyClock::now()));
+    }
     return std::clamp(wait, std::chrono::milliseconds(0), kIdle);
   }
 
@@ -434,9 +484,11 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     FireTimers();
     for (size_t i = 0; i < links.size() && !links_changed; ++i) {
       for (size_t c = 0; c < 4 && !links_changed; ++c) {
-        if (items[4 * i + c].revents & ZMQ_POLLIN) ReceiveAll(links[i], kChannels[c]);
+        if (items[kPollItemsPerLink * i + c].revents & ZMQ_POLLIN)
+          ReceiveAll(links[i], kChannels[c]);
       }
     }
+    if (!links_changed) Heartbeat();
   }
 
   void Run() {
@@ -479,8 +531,10 @@ Result<std::unique_ptr<KernelSession>> KernelSession::Start(KernelSessionOptions
     impl->published.last_activity = NowIsoUtc();
   }
   try {
-    for (const ReplicaEndpoint& ep : impl->options.replicas)
+    for (const ReplicaEndpoint& ep : impl->options.replicas) {
       impl->links.push_back(impl->Connect(ep));
+      impl->heartbeats.Add(ep.replica_id, SteadyMs());
+    }
   } catch (const zmq::error_t& e) {
     return Unavailable(std::string("connecting to the kernel's replicas: ") + e.what());
   }

@@ -61,6 +61,10 @@ struct KernelSessionOptions {
   std::string key;
   KernelSessionHooks hooks;
   ClientLimits limits;  // client input; max_message_bytes also bounds replica messages
+  // Each replica's heartbeat echo is pinged this often; unanswered this long, the replica counts
+  // as unreachable for the router (kernel_router.h) until it answers again.
+  int64_t heartbeat_interval_ms = 200;
+  int64_t heartbeat_timeout_ms = 1200;
 };
 
 struct ClientSink {

@@ -140,6 +140,13 @@ void OutputMerger::Finish(const std::string& msg_id) {
   }
 }
 
+bool OutputMerger::Abandon(const std::string& msg_id) {
+  auto it = requests_.find(msg_id);
+  const bool busy_sent = it != requests_.end() && it->second.busy_sent;
+  Finish(msg_id);
+  return busy_sent;
+}
+
 void OutputMerger::OnReplicaBack(ReplicaId replica) {
   lost_.erase(std::remove(lost_.begin(), lost_.end(), replica), lost_.end());
 }

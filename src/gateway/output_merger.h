@@ -42,6 +42,9 @@ class OutputMerger {
   std::vector<jupyter::Message> OnReplicaLost(ReplicaId replica);
 
   void OnReplicaBack(ReplicaId replica);
+  // `msg_id` was answered on the replicas' behalf: what they still send for it is dropped.
+  // Returns whether its busy status was forwarded.
+  bool Abandon(const std::string& msg_id);
   // Which replica's reply answered `msg_id`, once known; for input_reply routing and stats.
   std::optional<ReplicaId> AnsweredBy(const std::string& msg_id) const;
   size_t pending() const { return requests_.size(); }

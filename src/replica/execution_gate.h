@@ -19,8 +19,9 @@ class ExecutionGate {
     kExecute,  // this replica's LEAD committed first: run the cell
     kStandby,  // another replica executes: apply its effects, emit no output
     kNobody,   // every replica yielded: nobody can run the cell now
-    // The gateway cancelled the execution (its chosen executor was lost) before the log decided
-    // who runs it here: this replica did not run it and holds the state of the last cell.
+    // The gateway cancelled the execution (its chosen executor was lost, or no majority is
+    // reachable) before this replica began it: this replica did not run it and holds the state
+    // of the last cell.
     kCancelled,
   };
   struct Decision {
@@ -51,8 +52,11 @@ class ExecutionGate {
   // Applies whatever the log delivered meanwhile (catch-up, other executions). Cheap when there
   // is nothing to do; called whenever the replica is otherwise idle.
   virtual void Pump() = 0;
-  // Gives up waiting on execution `exec_id` (its executor is gone). Thread-safe.
-  virtual void Cancel(const std::string& exec_id) = 0;
+  // Gives up waiting on execution `exec_id` (its executor is gone, or the kernel lost its
+  // majority). An election still open here, or decided but not yet begun, ends kCancelled: this
+  // replica will not run the cell. Returns false when this replica already started running it
+  // (the cancel then changes nothing). Thread-safe.
+  virtual bool Cancel(const std::string& exec_id) = 0;
   // Extra execute_reply metadata naming the executor and this replica's role.
   virtual jupyter::Json ReplyMetadata(const Decision& decision) = 0;
   // Applies `change` to the kernel's replica group through its leader and returns once it is

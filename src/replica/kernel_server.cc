@@ -432,7 +432,11 @@ void KernelServer::HandleShell(Message request) {
                              {"dependencies_met", true},
                              {"engine", factory_.session()},
                              {"status", status}});
-        abort_queue = status == "error" && request.content.value("stop_on_error", true);
+        // A replicated kernel's gateway applies stop_on_error itself and sends one execution at
+        // a time, so what waits here was sent after it saw this failure: a lagging replica (one
+        // back from a freeze, finishing a cancelled cell) must not abort it.
+        abort_queue = options_.gate == nullptr && status == "error" &&
+                      request.content.value("stop_on_error", true);
       }
       // Requests that arrived while the failed cell ran are aborted; ones a client sends after
       // seeing this reply are not, so take them off the socket before replying.
@@ -602,9 +606,12 @@ void KernelServer::HandleControl(Message request) {
     Interrupt(/*whole_group=*/true);
     SendReply(socket, request, R"({"status":"ok"})");
   } else if (type == "nbos_cancel_request" && options_.gate != nullptr) {
-    // The executor of this execution is gone: stop waiting for it.
-    options_.gate->Cancel(request.content.value("exec_id", ""));
-    SendReply(socket, request, R"({"status":"ok"})");
+    // The executor of this execution is gone, or the kernel lost its majority: stop waiting.
+    const Json exec_id =
+        request.content.is_object() ? request.content.value("exec_id", Json()) : Json();
+    const bool cancelled =
+        options_.gate->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "");
+    SendReply(socket, request, Dump(Json{{"status", "ok"}, {"cancelled", cancelled}}));
   } else if (type == "nbos_checkpoint_request") {
     // Suspending an idle kernel: its replicated state goes to the blob store.
     auto key = options_.gate != nullptr

@@ -304,18 +304,19 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   if (Status s = Propose(std::move(proposal)); !s.ok()) return s;
   bool decided =
       WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
-  if (!decided) {
-    std::lock_guard lock(mu_);
-    if (cancelled_.count(d.exec_id) == 0) {
-      return Unavailable("no election outcome for execution " + d.exec_id + " in time");
-    }
+  std::lock_guard lock(mu_);
+  // A cancel wins even over a decided outcome: the gateway may already have told the client that
+  // the cell did not run. The standbys, waiting for this executor, are cancelled too.
+  if (cancelled_.count(d.exec_id) > 0) {
     d.role = Role::kCancelled;
     return d;
   }
+  if (!decided) return Unavailable("no election outcome for execution " + d.exec_id + " in time");
   d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
   d.role = d.executor == 0                     ? Role::kNobody
            : d.executor == options_.replica_id ? Role::kExecute
                                                : Role::kStandby;
+  if (d.role == Role::kExecute) started_ = d.exec_id;
   return d;
 }
 
@@ -383,12 +384,14 @@ Result<std::string> ReplicaGate::Follow(const Decision& decision) {
   return done_.at(decision.exec_id).value("reply", Json::object()).dump();
 }
 
-void ReplicaGate::Cancel(const std::string& exec_id) {
+bool ReplicaGate::Cancel(const std::string& exec_id) {
   {
     std::lock_guard lock(mu_);
+    if (exec_id == started_) return false;
     cancelled_.insert(exec_id);
   }
   cv_.notify_all();
+  return true;
 }
 
 Json ReplicaGate::ReplyMetadata(const Decision& decision) {

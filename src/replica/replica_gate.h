@@ -64,7 +64,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
                 const std::string& reply_content) override;
   Result<std::string> Follow(const Decision& decision) override;
   void Pump() override;
-  void Cancel(const std::string& exec_id) override;
+  bool Cancel(const std::string& exec_id) override;
   jupyter::Json ReplyMetadata(const Decision& decision) override;
   // Thread-safe: the replicated state as this member has applied it, stored in the blob store.
   Result<std::string> SaveCheckpoint() override;
@@ -138,6 +138,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::condition_variable cv_;
   std::deque<Event> events_;         // guarded by mu_
   std::set<std::string> cancelled_;  // guarded by mu_
+  std::string started_;              // guarded by mu_: the last execution begun here
 
   // Engine's thread only.
   PythonEngine* engine_ = nullptr;
