@@ -24,8 +24,8 @@ class HeartbeatMonitor {
     int64_t timeout_ms = 1000;
   };
   struct Tick {
-    std::vector<ReplicaId> ping;                         // send a ping to each, now
-    std::vector<std::pair<ReplicaId, bool>> reachable;   // changes: replica, reachable now
+    std::vector<ReplicaId> ping;                        // send a ping to each, now
+    std::vector<std::pair<ReplicaId, bool>> reachable;  // changes: replica, reachable now
   };
 
   explicit HeartbeatMonitor(Options options) : options_(options) {}
