@@ -95,6 +95,7 @@ struct UpArgs {
   int warm_pool = 1;
   std::string state_dir;
   std::string decision_journal;
+  std::string blob_store;  // default dir://STATE/blobs
   int rebalance_interval_ms = 0;
   double idle_suspend_minutes = 0;
   std::string token;
@@ -273,7 +274,8 @@ void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
         std::to_string(args.max_hosts), std::string("--scaling-interval-ms"),
         std::to_string(args.scaling_interval_ms), std::string("--gpus-per-host"),
         std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
-        std::string("--local-warm-pool"), std::to_string(args.warm_pool)}) {
+        std::string("--local-warm-pool"), std::to_string(args.warm_pool),
+        std::string("--local-blob-store"), args.blob_store}) {
     argv->push_back(std::move(a));
   }
 }
@@ -304,6 +306,7 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     return 1;
   }
   args.state_dir = fs::canonical(args.state_dir).string();
+  if (args.blob_store.empty()) args.blob_store = "dir://" + args.state_dir + "/blobs";
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   if (args.port == 0) args.port = FreePort();
   const std::string control = "127.0.0.1:" + std::to_string(FreePort());
@@ -340,8 +343,7 @@ int RunUp(UpArgs& args, const std::string& self_path) {
         {id,
          {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
           std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
-          args.state_dir + "/" + id, "--blob-store", "dir://" + args.state_dir + "/blobs",
-          "--replica-ports",
+          args.state_dir + "/" + id, "--blob-store", args.blob_store, "--replica-ports",
           std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1), "--warm-pool",
           std::to_string(args.warm_pool), "--log-level", args.log_level}});
   }
@@ -466,7 +468,8 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   d->add_option("--millicpus", d_args->options.millicpus, "CPU capacity (0: online CPUs)");
   d->add_option("--memory-mb", d_args->options.memory_mb, "Memory capacity (0: physical)");
   d->add_option("--blob-store", d_args->options.blob_store_url,
-                "Blob store of the replicas (default dir://STATE/blobs)");
+                "Blob store of the replicas: dir:///path (one machine; default "
+                "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL");
   d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
   d->add_option("--warm-pool", d_args->options.warm_pool_size,
                 "Pre-started replica processes kept ready for launches")
@@ -499,6 +502,10 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
   up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
+  up->add_option("--blob-store", up_args->blob_store,
+                 "Blob store of the servers: dir:///path (one machine; default "
+                 "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL "
+                 "(credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)");
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
   up->add_option("--decision-journal", up_args->decision_journal,
                  "The gateway's decision journal (see nbos gateway --help)");

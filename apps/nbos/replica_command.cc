@@ -41,7 +41,8 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
                  "ID=IPv4:port of each initial member, this one included; none to join an "
                  "existing group");
   cmd.add_option("--data-dir", a.options.data_dir, "Raft log directory");
-  cmd.add_option("--blob-store", a.options.blob_store_url, "dir:///path or redis://host:port/db");
+  cmd.add_option("--blob-store", a.options.blob_store_url,
+                 "dir:///path, redis://host:port/db or s3://bucket/prefix?endpoint=URL");
   cmd.add_option("--checkpoint-every", a.options.checkpoint_every,
                  "Journal records (deltas, side effects) between namespace checkpoints")
       ->capture_default_str();

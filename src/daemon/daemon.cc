@@ -16,6 +16,25 @@
 namespace nbos::daemon {
 namespace {
 
+bool IsLoopback(std::string_view host) {
+  return host.starts_with("127.") || host == "localhost" || host == "::1" || host == "[::1]";
+}
+
+// A directory store is one machine's: replicas on other machines cannot read its blobs, so
+// catch-up and migration there would fail. Said once at start, where an operator looks.
+void WarnOfAMachineLocalStore(const DaemonOptions& options) {
+  const std::string& url = options.blob_store_url;
+  if (!url.starts_with("dir:") && !url.starts_with("/")) return;
+  const std::string_view gateway(options.gateway_address);
+  const std::string_view gateway_host = gateway.substr(0, gateway.rfind(':'));
+  if (IsLoopback(options.advertise_ip) && IsLoopback(gateway_host)) return;
+  spdlog::warn(
+      "blob store {} is a directory on this machine: replicas on other machines cannot read its "
+      "blobs. Across machines use redis://host:port/db or s3://bucket/prefix?endpoint=URL (every "
+      "server the same), unless every server mounts this directory",
+      url);
+}
+
 namespace fs = std::filesystem;
 
 // In-flight RPCs get this long after Shutdown() before they are cancelled.
@@ -155,6 +174,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   if (options.blob_store_url.empty()) {
     options.blob_store_url = "dir://" + options.state_dir + "/blobs";
   }
+  WarnOfAMachineLocalStore(options);
 
   Result<GpuInventory> gpus =
       DiscoverGpus({options.gpu_source, options.virtual_gpus, options.vram_mb_per_gpu});

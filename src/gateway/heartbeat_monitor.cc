@@ -15,6 +15,7 @@ bool HeartbeatMonitor::Echo(ReplicaId replica) {
   auto it = peers_.find(replica);
   if (it == peers_.end()) return false;
   it->second.unanswered_since_ms = -1;
+  it->second.echoed = true;
   const bool was_unreachable = !it->second.reachable;
   it->second.reachable = true;
   return was_unreachable;
@@ -23,7 +24,7 @@ bool HeartbeatMonitor::Echo(ReplicaId replica) {
 HeartbeatMonitor::Tick HeartbeatMonitor::Advance(int64_t now_ms) {
   Tick tick;
   for (auto& [replica, peer] : peers_) {
-    if (peer.reachable && peer.unanswered_since_ms >= 0 &&
+    if (peer.reachable && peer.echoed && peer.unanswered_since_ms >= 0 &&
         now_ms - peer.unanswered_since_ms > options_.timeout_ms) {
       peer.reachable = false;
       tick.reachable.emplace_back(replica, false);
@@ -40,7 +41,7 @@ int64_t HeartbeatMonitor::next_due_ms() const {
   int64_t due = std::numeric_limits<int64_t>::max();
   for (const auto& [replica, peer] : peers_) {
     due = std::min(due, peer.next_ping_ms);
-    if (peer.reachable && peer.unanswered_since_ms >= 0)
+    if (peer.reachable && peer.echoed && peer.unanswered_since_ms >= 0)
       due = std::min(due, peer.unanswered_since_ms + options_.timeout_ms + 1);
   }
   return due;

@@ -3,9 +3,11 @@
 //
 // Rules. Each replica is pinged every `interval_ms`. It turns unreachable when a ping has gone
 // unanswered for longer than `timeout_ms`, and reachable again with the next echo. A replica is
-// reachable when added. Echoes are not matched to pings: any echo answers every ping before it,
-// which is what an in-order echo means. The owner reads every echo that arrived before it calls
-// Advance, so a gateway that was itself slow to look does not blame the replicas.
+// reachable when added, and judged only once it has echoed: a replica still starting has not
+// bound its heartbeat socket yet (its daemon's heartbeats cover that time). Echoes are not matched
+// to pings: any echo answers every ping before it, which is what an in-order echo means. The owner
+// reads every echo that arrived before it calls Advance, so a gateway that was itself slow to look
+// does not blame the replicas.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +44,7 @@ class HeartbeatMonitor {
   struct Peer {
     int64_t next_ping_ms = 0;
     int64_t unanswered_since_ms = -1;  // the oldest unanswered ping, -1 when none
+    bool echoed = false;               // at least once
     bool reachable = true;
   };
   Options options_;

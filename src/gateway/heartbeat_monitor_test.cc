@@ -24,6 +24,8 @@ TEST(HeartbeatMonitorTest, AnUnansweredPingPastTheTimeoutMakesAReplicaUnreachabl
   HeartbeatMonitor m({.interval_ms = 250, .timeout_ms = 1000});
   m.Add(1, 0);
   m.Add(2, 0);
+  m.Echo(1);  // both have answered once
+  m.Echo(2);
   for (int64_t t = 0; t <= 1000; t += 250) {
     m.Advance(t);
     m.Echo(2);
@@ -39,9 +41,19 @@ TEST(HeartbeatMonitorTest, AnUnansweredPingPastTheTimeoutMakesAReplicaUnreachabl
   EXPECT_TRUE(m.Advance(6000).reachable.empty());
 }
 
+TEST(HeartbeatMonitorTest, AReplicaIsJudgedOnlyOnceItHasEchoed) {
+  HeartbeatMonitor m({.interval_ms = 250, .timeout_ms = 1000});
+  m.Add(1, 0);
+  for (int64_t t = 0; t <= 5000; t += 250) EXPECT_TRUE(m.Advance(t).reachable.empty()) << t;
+  EXPECT_FALSE(m.Echo(1));
+  m.Advance(5250);
+  EXPECT_EQ(m.Advance(6251).reachable, (std::vector<Change>{{1, false}}));
+}
+
 TEST(HeartbeatMonitorTest, EchoesReadBeforeAdvanceKeepASlowGatewayFromBlamingReplicas) {
   HeartbeatMonitor m({.interval_ms = 250, .timeout_ms = 1000});
   m.Add(1, 0);
+  m.Echo(1);
   m.Advance(0);
   // The gateway looked again only after 3 s; the echo of the t=0 ping was waiting for it.
   m.Echo(1);

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "common/hex.h"
 #include "store/dir_blob_store.h"
 #include "store/redis_blob_store.h"
+#include "store/s3_blob_store.h"
 
 namespace nbos::store {
 
@@ -137,6 +139,42 @@ Result<std::unique_ptr<BlobStore>> OpenRedis(std::string_view rest, std::string_
   return std::unique_ptr<BlobStore>(std::move(*store));
 }
 
+std::string EnvOr(const char* name, std::string fallback = "") {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : fallback;
+}
+
+// `rest` is what follows "s3://": bucket[/prefix]. Credentials come from the environment, as for
+// every S3 tool, so that they stay out of command lines and logs.
+Result<std::unique_ptr<BlobStore>> OpenS3(std::string_view rest, std::string_view query,
+                                          std::string_view url) {
+  S3BlobStoreOptions options;
+  const size_t slash = rest.find('/');
+  options.bucket = std::string(rest.substr(0, slash));
+  if (slash != std::string_view::npos) options.prefix = std::string(rest.substr(slash + 1));
+  if (!options.prefix.empty() && !options.prefix.ends_with('/')) options.prefix += '/';
+  options.region = EnvOr("AWS_REGION", EnvOr("AWS_DEFAULT_REGION", "us-east-1"));
+  options.access_key_id = EnvOr("AWS_ACCESS_KEY_ID");
+  options.secret_access_key = EnvOr("AWS_SECRET_ACCESS_KEY");
+  options.session_token = EnvOr("AWS_SESSION_TOKEN");
+  auto parsed = ParseOptions(query, url, {"endpoint", "region", "part_bytes", "parallel"});
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [name, value] : *parsed) {
+    size_t n = 0;
+    if (name == "endpoint") options.endpoint = value;
+    if (name == "region") options.region = value;
+    if ((name == "part_bytes" || name == "parallel") && !ParseSize(value, n))
+      return InvalidArgument(name + " must be a number in blob store URL '" + Printable(url) + "'");
+    if (name == "part_bytes") options.part_bytes = n;
+    if (name == "parallel") options.parallel = static_cast<int>(std::min<size_t>(n, 1000));
+  }
+  if (options.endpoint.empty())
+    options.endpoint = "https://s3." + options.region + ".amazonaws.com";
+  auto store = S3BlobStore::Open(std::move(options));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<BlobStore>(std::move(*store));
+}
+
 }  // namespace
 
 std::string BlobKey(std::string_view data) {
@@ -189,6 +227,7 @@ Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {
   std::string_view base = url.substr(0, url.find('?'));
   std::string_view query = base.size() < url.size() ? url.substr(base.size() + 1) : "";
   if (base.starts_with("redis://")) return OpenRedis(base.substr(8), query, url);
+  if (base.starts_with("s3://")) return OpenS3(base.substr(5), query, url);
   if (base.starts_with("dir:")) {
     std::string_view path = base.substr(4);
     // dir:///abs is the URL form ("dir://" + "/abs"); dir:/abs is what Describe prints.
@@ -197,7 +236,8 @@ Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {
   }
   if (base.starts_with("/")) return OpenDir(base, query, url);
   return InvalidArgument("unsupported blob store URL '" + Printable(url) +
-                         "': expected dir:///abs/path, /abs/path or redis://host[:port][/db]");
+                         "': expected dir:///abs/path, /abs/path, redis://host[:port][/db] or "
+                         "s3://bucket[/prefix]?endpoint=URL");
 }
 
 }  // namespace nbos::store

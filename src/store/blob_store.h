@@ -85,6 +85,10 @@ class BlobStore {
 //   redis://host[:port][/db][?chunk_bytes=N]
 //       a Redis store (see redis_blob_store.h); port defaults to 6379, db to 0. Connects (PING)
 //       before returning, so a missing server is reported here as Unavailable.
+//   s3://bucket[/prefix][?endpoint=URL&region=R&part_bytes=N&parallel=N]
+//       an S3 store (see s3_blob_store.h); endpoint defaults to AWS (https://s3.R.amazonaws.com),
+//       region to $AWS_REGION or us-east-1; credentials from $AWS_ACCESS_KEY_ID,
+//       $AWS_SECRET_ACCESS_KEY (and $AWS_SESSION_TOKEN). Checks the bucket before returning.
 // Anything else, relative paths and unknown options are InvalidArgument.
 Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url);
 

@@ -144,6 +144,78 @@ int FreeLocalPort() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+// A child's output goes to an unlinked file, quoted only if its start-up fails.
+struct ChildLog {
+  int fd = -1;
+  ChildLog() {
+    char path[] = "/tmp/nbos-child-log.XXXXXX";
+    fd = ::mkstemp(path);
+    if (fd >= 0) ::unlink(path);
+  }
+  ~ChildLog() {
+    if (fd >= 0) ::close(fd);
+  }
+  Status Failed(const std::string& why) const {
+    std::string tail(2048, '\0');
+    ssize_t n = fd >= 0 ? ::pread(fd, tail.data(), tail.size(), 0) : 0;
+    tail.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return Unavailable(why + (tail.empty() ? "" : "; its output:\n" + tail));
+  }
+};
+
+// Starts `args` with stdin from /dev/null and output to `log`; the child dies with the thread
+// that started it. Returns its pid, or -1.
+pid_t Spawn(std::vector<std::string> args, int log) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // Only async-signal-safe calls between fork and exec.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, 0);
+  if (log >= 0) {
+    ::dup2(log, 1);
+    ::dup2(log, 2);
+  }
+  ::execv(argv[0], argv.data());
+  ::_exit(127);
+}
+
+void SignalAndReap(pid_t* pid, int sig, int wait_ms) {
+  if (*pid <= 0) return;
+  ::kill(*pid, sig);
+  for (int waited = 0; waited < wait_ms; waited += 5) {
+    if (::waitpid(*pid, nullptr, WNOHANG) == *pid) {
+      *pid = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (sig != SIGKILL) ::kill(*pid, SIGKILL);
+  ::waitpid(*pid, nullptr, 0);
+  *pid = -1;
+}
+
+bool Connectable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
 Status RedisTestServer::Start(int port) {
   assert(!running());
   if (::access(kRedisServerBinary, X_OK) != 0) {
@@ -160,94 +232,74 @@ Status RedisTestServer::Start(int port) {
 }
 
 Status RedisTestServer::TryStart(int port) {
-  std::string port_text = std::to_string(port);
-  std::vector<std::string> args = {kRedisServerBinary,
-                                   "--port",
-                                   port_text,
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--save",
-                                   "",
-                                   "--appendonly",
-                                   "no",
-                                   "--daemonize",
-                                   "no",
-                                   "--loglevel",
-                                   "warning",
-                                   "--dir",
-                                   "/tmp"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  // The server's output goes to an unlinked file, quoted only if start-up fails.
-  char log_path[] = "/tmp/nbos-redis-log.XXXXXX";
-  int log = ::mkstemp(log_path);
-  if (log >= 0) ::unlink(log_path);
-  struct LogCloser {
-    int fd;
-    ~LogCloser() {
-      if (fd >= 0) ::close(fd);
-    }
-  } log_closer{log};
-  auto failed = [&](const std::string& why) {
-    std::string tail(2048, '\0');
-    ssize_t n = log >= 0 ? ::pread(log, tail.data(), tail.size(), 0) : 0;
-    tail.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    return Unavailable(why + (tail.empty() ? "" : "; its output:\n" + tail));
-  };
-
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) return Unavailable("fork failed for redis-server");
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    if (log >= 0) {
-      ::dup2(log, 1);
-      ::dup2(log, 2);
-    }
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  pid_ = pid;
+  const std::string port_text = std::to_string(port);
+  ChildLog log;
+  pid_ =
+      Spawn({kRedisServerBinary, "--port", port_text, "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", "--dir", "/tmp"},
+            log.fd);
+  if (pid_ < 0) return Unavailable("fork failed for redis-server");
   port_ = port;
-
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      return failed("redis-server exited during start-up on port " + port_text + " (status " +
-                    std::to_string(status) + ")");
+      return log.Failed("redis-server exited during start-up on port " + port_text + " (status " +
+                        std::to_string(status) + ")");
     }
-    if (ServerPid(port) == pid) return Status::Ok();
+    if (ServerPid(port) == pid_) return Status::Ok();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   Kill();
-  return failed("redis-server did not answer on port " + port_text + " within 10 s");
+  return log.Failed("redis-server did not answer on port " + port_text + " within 10 s");
 }
 
 void RedisTestServer::Kill() { Signal(SIGKILL, 0); }
 
 void RedisTestServer::Stop() { Signal(SIGTERM, 5000); }
 
-void RedisTestServer::Signal(int sig, int wait_ms) {
-  if (!running()) return;
-  ::kill(pid_, sig);
-  for (int waited = 0; waited < wait_ms; waited += 5) {
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+void RedisTestServer::Signal(int sig, int wait_ms) { SignalAndReap(&pid_, sig, wait_ms); }
+
+// ---- s3rver ----
+
+std::string S3TestServer::Binary() {
+  const char* configured = std::getenv("NBOS_S3RVER");
+  return configured != nullptr
+             ? configured
+             : std::string(NBOS_SOURCE_DIR) + "/.cache/npm/node_modules/.bin/s3rver";
+}
+
+Status S3TestServer::Start(int port) {
+  const std::string binary = Binary();
+  if (::access(binary.c_str(), X_OK) != 0) {
+    return Unavailable(binary + " not found: run `make bootstrap` (it installs npm's s3rver)");
   }
-  if (sig != SIGKILL) ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
+  port_ = port == 0 ? FreeLocalPort() : port;
+  ChildLog log;
+  pid_ = Spawn({binary, "-d", dir_.path().string(), "-a", "127.0.0.1", "-p", std::to_string(port_),
+                "--configure-bucket", kBucket, "--silent"},
+               log.fd);
+  if (pid_ < 0) return Unavailable("fork failed for s3rver");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return log.Failed("s3rver exited during start-up (status " + std::to_string(status) + ")");
+    }
+    if (Connectable(port_)) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Stop();
+  return log.Failed("s3rver did not listen on port " + std::to_string(port_) + " within 30 s");
+}
+
+void S3TestServer::Stop() { SignalAndReap(&pid_, SIGTERM, 5000); }
+
+void S3TestServer::ExportCredentials() {
+  ::setenv("AWS_ACCESS_KEY_ID", kAccessKey, 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", kSecretKey, 1);
 }
 
 }  // namespace nbos::store

@@ -71,4 +71,38 @@ class RedisTestServer {
   int port_ = 0;
 };
 
+// npm's s3rver (an S3-compatible server) on 127.0.0.1 with one bucket, `kBucket`, in a fresh
+// directory; stopped when the object goes. Its credentials are kAccessKey/kSecretKey (s3rver
+// refuses other access key ids; it does not check the secret).
+class S3TestServer {
+ public:
+  static constexpr char kBucket[] = "nbos";
+  static constexpr char kAccessKey[] = "S3RVER";
+  static constexpr char kSecretKey[] = "S3RVER";
+  // $NBOS_S3RVER, else the copy `make bootstrap` installs under the source tree's .cache/npm.
+  static std::string Binary();
+
+  S3TestServer() = default;
+  ~S3TestServer() { Stop(); }
+  S3TestServer(const S3TestServer&) = delete;
+  S3TestServer& operator=(const S3TestServer&) = delete;
+
+  // Starts it on `port` (0: a free one) and waits until it listens; the bucket's contents stay
+  // across a Stop and Start. Unavailable, saying why, if s3rver is missing or does not come up
+  // within 30 s.
+  Status Start(int port = 0);
+  void Stop();  // SIGTERM and reap (SIGKILL after 5 s); no-op when not running
+  int port() const { return port_; }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // Where s3rver keeps the bucket's objects ("<key>._S3rver_object" files).
+  std::filesystem::path bucket_directory() const { return dir_.path() / kBucket; }
+  // Sets AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to this server's credentials.
+  static void ExportCredentials();
+
+ private:
+  ScopedTempDir dir_{"nbos-s3rver"};
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
 }  // namespace nbos::store

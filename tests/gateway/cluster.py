@@ -41,12 +41,13 @@ def free_port():
 class Cluster:
     """`nbos up` on this machine, in a private state directory."""
 
-    def __init__(self, hosts=4, gpus_per_host=2, extra=()):
+    def __init__(self, hosts=4, gpus_per_host=2, extra=(), env=None):
         self.state_dir = tempfile.mkdtemp(prefix="nbos-up-")
         self.proc = subprocess.Popen(
             [nbos_bin(), "up", "--hosts", str(hosts), "--gpus-per-host", str(gpus_per_host),
              "--port", "0", "--state-dir", self.state_dir, "--log-level", "info", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=None if env is None else {**os.environ, **env})
         line = self.proc.stdout.readline()
         m = re.match(r"gateway: (http://\S+) token: (\S+)", line)
         assert m, f"nbos up printed {line!r}"
