@@ -177,7 +177,8 @@ Result<S3BlobStore::Response> S3BlobStore::Send(const Request& r) {
   headers = curl_slist_append(headers, ("x-amz-content-sha256: " + r.payload_sha256).c_str());
   headers = curl_slist_append(headers, "Expect:");
   if (!options_.session_token.empty())
-    headers = curl_slist_append(headers, ("x-amz-security-token: " + options_.session_token).c_str());
+    headers =
+        curl_slist_append(headers, ("x-amz-security-token: " + options_.session_token).c_str());
   std::string range;
   if (r.range_bytes > 0)
     range = fmt::format("{}-{}", r.range_first, r.range_first + r.range_bytes - 1);
@@ -188,7 +189,8 @@ Result<S3BlobStore::Response> S3BlobStore::Send(const Request& r) {
   curl_easy_setopt(curl, CURLOPT_USERNAME, options_.access_key_id.c_str());
   curl_easy_setopt(curl, CURLOPT_PASSWORD, options_.secret_access_key.c_str());
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(options_.connect_timeout.count()));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                    std::max(1L, static_cast<long>(options_.stall_timeout.count() / 1000)));
@@ -220,8 +222,8 @@ Result<S3BlobStore::Response> S3BlobStore::Send(const Request& r) {
   curl_slist_free_all(headers);
   ReleaseHandle(curl);
   if (rc != CURLE_OK) {
-    return Unavailable(fmt::format("cannot reach S3 at {}: {}", options_.endpoint,
-                                   curl_easy_strerror(rc)));
+    return Unavailable(
+        fmt::format("cannot reach S3 at {}: {}", options_.endpoint, curl_easy_strerror(rc)));
   }
   if (r.out != nullptr && response.status == 206 && sink.written != r.range_bytes) {
     return Unavailable(fmt::format("S3 at {} sent {} bytes for a range of {}", options_.endpoint,
@@ -264,14 +266,15 @@ Status S3BlobStore::PutWithKey(std::string_view key, std::string_view data) {
   const std::string object = ObjectName(key);
   if (data.size() > options_.part_bytes) return Upload(object, data).status();
   // Signed with the content's own hash (its key): the service checks the bytes it got.
-  auto put = Send({.method = "PUT", .object = object, .body = data,
-                   .payload_sha256 = std::string(key)});
+  auto put =
+      Send({.method = "PUT", .object = object, .body = data, .payload_sha256 = std::string(key)});
   return Check(put, "storing blob " + std::string(key));
 }
 
 Result<std::string> S3BlobStore::PutPart(std::string_view object, const std::string& upload_id,
                                          int number, std::string_view data) {
-  auto put = Send({.method = "PUT", .object = std::string(object),
+  auto put = Send({.method = "PUT",
+                   .object = std::string(object),
                    .query = fmt::format("partNumber={}&uploadId={}", number, Escape(upload_id)),
                    .body = data});
   if (Status s = Check(put, fmt::format("part {} of an upload", number)); !s.ok()) return s;
@@ -360,8 +363,11 @@ Status S3BlobStore::ReadRanges(std::string_view object, size_t from, std::string
     for (size_t i = next++; i < ranges; i = next++) {
       const size_t first = from + i * options_.part_bytes;
       const size_t bytes = std::min(options_.part_bytes, data->size() - first);
-      auto got = Send({.method = "GET", .object = std::string(object), .range_first = first,
-                       .range_bytes = bytes, .out = data->data() + first});
+      auto got = Send({.method = "GET",
+                       .object = std::string(object),
+                       .range_first = first,
+                       .range_bytes = bytes,
+                       .out = data->data() + first});
       Status s = got.ok() && got->status == 404 ? NotFound("deleted while read")
                                                 : Check(got, "reading a range", {206});
       std::lock_guard lock(mu);
@@ -375,7 +381,8 @@ Status S3BlobStore::ReadRanges(std::string_view object, size_t from, std::string
 
 void S3BlobStore::RunParallel(size_t tasks, const std::function<void()>& work) const {
   std::vector<std::thread> helpers;
-  for (size_t i = 1; i < std::min<size_t>(tasks, options_.parallel); ++i) helpers.emplace_back(work);
+  for (size_t i = 1; i < std::min<size_t>(tasks, options_.parallel); ++i)
+    helpers.emplace_back(work);
   work();
   for (std::thread& t : helpers) t.join();
 }

@@ -19,8 +19,8 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>

@@ -79,12 +79,9 @@ TEST_F(S3BlobStoreTest, AMissingBucketIsNamed) {
 
 TEST_F(S3BlobStoreTest, BadOptionsAreInvalidArgument) {
   for (auto change : std::vector<std::function<void(S3BlobStoreOptions&)>>{
-           [](auto& o) { o.endpoint = "127.0.0.1:9000"; },
-           [](auto& o) { o.bucket = ""; },
-           [](auto& o) { o.bucket = "a/b"; },
-           [](auto& o) { o.secret_access_key = ""; },
-           [](auto& o) { o.part_bytes = 1 << 20; },
-           [](auto& o) { o.parallel = 0; }}) {
+           [](auto& o) { o.endpoint = "127.0.0.1:9000"; }, [](auto& o) { o.bucket = ""; },
+           [](auto& o) { o.bucket = "a/b"; }, [](auto& o) { o.secret_access_key = ""; },
+           [](auto& o) { o.part_bytes = 1 << 20; }, [](auto& o) { o.parallel = 0; }}) {
     S3BlobStoreOptions o = OptionsFor(server_);
     change(o);
     auto store = S3BlobStore::Open(o);
@@ -104,9 +101,9 @@ TEST_F(S3BlobStoreTest, AnUnreachableServiceIsUnavailableAndNothingIsLost) {
   const int port = server_.port();
   server_.Stop();
   const std::string other = RandomBytes(7 * S3BlobStore::kMinPartBytes / 2, 6);
-  for (Status s : {(*store)->Put(kept).status(), (*store)->Put(other).status(),
-                   (*store)->Get(*key).status(), (*store)->Contains(*key).status(),
-                   (*store)->Delete(*key)}) {
+  for (Status s :
+       {(*store)->Put(kept).status(), (*store)->Put(other).status(), (*store)->Get(*key).status(),
+        (*store)->Contains(*key).status(), (*store)->Delete(*key)}) {
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
     EXPECT_THAT(s.message(), HasSubstr("cannot reach S3 at http://127.0.0.1:"));
   }
