@@ -56,6 +56,7 @@ bench: bootstrap build
 	$(PY) bench/suspend_bench.py --nbos build/bin/nbos
 	$(PY) bench/sim_bench.py --nbos build/bin/nbos
 	build/bin/store_throughput
+	build/bin/s3_throughput
 
 fuzz:
 	@[ -f build-fuzz/build.ninja ] || cmake --preset fuzz
