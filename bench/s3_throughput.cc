@@ -173,13 +173,14 @@ int Main(int argc, char** argv) {
     raw_put.push_back(mib / t_raw_put);
     raw_get.push_back(mib / t_raw_get);
   }
-  std::printf("S3 (s3rver on 127.0.0.1), one %zu MiB blob, parts/ranges of %zu MiB, %d at a time,"
-              " median of %d (MiB/s):\n",
-              mib, part_mib, parallel, reps);
+  std::printf(
+      "S3 (s3rver on 127.0.0.1), one %zu MiB blob, parts/ranges of %zu MiB, %d at a time,"
+      " median of %d (MiB/s):\n",
+      mib, part_mib, parallel, reps);
   std::printf("  put      %8.1f   raw multipart %8.1f   ratio %.2f   (sha256 alone %.1f)\n",
               Median(put), Median(raw_put), Median(put) / Median(raw_put), Median(hash));
-  std::printf("  get      %8.1f   raw GET       %8.1f   ratio %.2f\n", Median(get),
-              Median(raw_get), Median(get) / Median(raw_get));
+  std::printf("  get      %8.1f   raw GET       %8.1f   ratio %.2f\n", Median(get), Median(raw_get),
+              Median(get) / Median(raw_get));
   return 0;
 }
 
