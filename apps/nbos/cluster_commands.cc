@@ -21,6 +21,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "control/cluster_credential.h"
 #include "daemon/daemon.h"
 #include "gateway/gateway.h"
 #include "gateway/local_host_provider.h"
@@ -73,6 +74,7 @@ std::string DefaultStateDir() {
 
 struct GatewayArgs {
   gateway::GatewayOptions options;
+  std::string credential_file;
   std::string log_level = "info";
   // Auto-scaling with servers started on this machine (local_host_provider.h); 0: off.
   int local_hosts = 0;
@@ -82,6 +84,7 @@ struct GatewayArgs {
 };
 struct DaemonArgs {
   daemon::DaemonOptions options;
+  std::string credential_file;
   std::string log_level = "info";
   bool virtual_gpus_only = false;
   std::string replica_ports;
@@ -96,6 +99,7 @@ struct UpArgs {
   std::string state_dir;
   std::string decision_journal;
   std::string blob_store;  // default dir://STATE/blobs
+  std::string credential;  // default STATE/cluster.credential, created when missing
   int rebalance_interval_ms = 0;
   double idle_suspend_minutes = 0;
   std::string token;
@@ -121,6 +125,7 @@ Status ConfigureLocalHosts(GatewayArgs& args, const std::string& self_path) {
   if (l.state_dir.empty()) l.state_dir = args.options.state_dir;
   if (l.blob_store_url.empty()) l.blob_store_url = "dir://" + l.state_dir + "/blobs";
   l.log_level = args.log_level;
+  l.credential_file = args.credential_file;
   args.options.min_hosts = args.local_hosts;
   args.options.max_hosts = l.max_hosts;
   args.options.gpus_per_host = l.gpus_per_host;
@@ -139,6 +144,14 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
     return 2;
   }
   args.options.idle_suspend_ms = static_cast<int64_t>(args.idle_suspend_minutes * 60'000);
+  if (!args.credential_file.empty()) {
+    auto credential = control::ReadClusterCredential(args.credential_file);
+    if (!credential.ok()) {
+      std::cerr << "nbos gateway: " << credential.status().message() << "\n";
+      return 2;
+    }
+    args.options.credential = *credential;
+  }
   auto gw = gateway::Gateway::Start(args.options);
   if (!gw.ok()) {
     std::cerr << "nbos gateway: " << gw.status().message() << "\n";
@@ -163,6 +176,14 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
       return 2;
     }
     args.options.replica_ports = *range;
+  }
+  if (!args.credential_file.empty()) {
+    auto credential = control::ReadClusterCredential(args.credential_file);
+    if (!credential.ok()) {
+      std::cerr << "nbos daemon: " << credential.status().message() << "\n";
+      return 2;
+    }
+    args.options.credential = *credential;
   }
   auto d = daemon::Daemon::Start(args.options);
   if (!d.ok()) {
@@ -280,6 +301,31 @@ void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
   }
 }
 
+int CreateCredential(const std::string& path) {
+  auto created = control::CreateClusterCredential();
+  Status s = created.ok() ? control::WriteClusterCredential(path, *created) : created.status();
+  if (!s.ok()) {
+    std::cerr << "nbos credential create: " << s.message() << "\n";
+    return 1;
+  }
+  std::cout << "cluster credential written to " << path
+            << ": give it to the gateway and every daemon (--credential)\n";
+  return 0;
+}
+
+// The cluster credential of `nbos up`: the one named, or STATE/cluster.credential (made once).
+Status EnsureCredential(UpArgs& args) {
+  if (args.credential.empty()) {
+    args.credential = args.state_dir + "/cluster.credential";
+    if (!fs::exists(args.credential)) {
+      auto created = control::CreateClusterCredential();
+      if (!created.ok()) return created.status();
+      if (Status s = control::WriteClusterCredential(args.credential, *created); !s.ok()) return s;
+    }
+  }
+  return control::ReadClusterCredential(args.credential).status();
+}
+
 int RunUp(UpArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   if (args.hosts < 3 || args.hosts > 64) {
@@ -307,15 +353,20 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   }
   args.state_dir = fs::canonical(args.state_dir).string();
   if (args.blob_store.empty()) args.blob_store = "dir://" + args.state_dir + "/blobs";
+  if (Status s = EnsureCredential(args); !s.ok()) {
+    std::cerr << "nbos up: " << s.message() << "\n";
+    return 1;
+  }
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   if (args.port == 0) args.port = FreePort();
   const std::string control = "127.0.0.1:" + std::to_string(FreePort());
 
   std::vector<Child> children;
-  children.push_back({"gateway",
-                      {self_path, "gateway", "--port", std::to_string(args.port),
-                       "--control-address", control, "--state-dir", args.state_dir + "/gateway",
-                       "--token", args.token, "--log-level", args.log_level}});
+  children.push_back(
+      {"gateway",
+       {self_path, "gateway", "--port", std::to_string(args.port), "--control-address", control,
+        "--state-dir", args.state_dir + "/gateway", "--token", args.token, "--credential",
+        args.credential, "--log-level", args.log_level}});
   if (args.rebalance_interval_ms > 0) {
     children[0].argv.push_back("--rebalance-interval-ms");
     children[0].argv.push_back(std::to_string(args.rebalance_interval_ms));
@@ -339,13 +390,28 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   for (int i = 1; i <= args.hosts && !scaling; ++i) {
     const std::string id = "host-" + std::to_string(i);
     const int first = all_ports.first + (i - 1) * ports_per_host;
-    children.push_back(
-        {id,
-         {self_path, "daemon", "--server-id", id, "--gateway", control, "--gpus",
-          std::to_string(args.gpus_per_host), "--virtual-gpus", "--state-dir",
-          args.state_dir + "/" + id, "--blob-store", args.blob_store, "--replica-ports",
-          std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1), "--warm-pool",
-          std::to_string(args.warm_pool), "--log-level", args.log_level}});
+    children.push_back({id,
+                        {self_path,
+                         "daemon",
+                         "--server-id",
+                         id,
+                         "--gateway",
+                         control,
+                         "--gpus",
+                         std::to_string(args.gpus_per_host),
+                         "--virtual-gpus",
+                         "--state-dir",
+                         args.state_dir + "/" + id,
+                         "--blob-store",
+                         args.blob_store,
+                         "--credential",
+                         args.credential,
+                         "--replica-ports",
+                         std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
+                         "--warm-pool",
+                         std::to_string(args.warm_pool),
+                         "--log-level",
+                         args.log_level}});
   }
   auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
   children[0].pid = Spawn(children[0], log_of(children[0]));
@@ -450,6 +516,9 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->capture_default_str();
   gw->add_option("--local-replica-ports", gw_args->local_ports,
                  "FIRST-LAST: ports split among local servers");
+  gw->add_option("--credential", gw_args->credential_file,
+                 "Cluster credential (nbos credential create): TLS and a token between gateway "
+                 "and daemons. Without it the control plane is plaintext and open");
   gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
 
   auto d_args = std::make_shared<DaemonArgs>();
@@ -471,6 +540,8 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                 "Blob store of the replicas: dir:///path (one machine; default "
                 "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL");
   d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
+  d->add_option("--credential", d_args->credential_file,
+                "Cluster credential, the gateway's (nbos credential create)");
   d->add_option("--warm-pool", d_args->options.warm_pool_size,
                 "Pre-started replica processes kept ready for launches")
       ->capture_default_str()
@@ -507,6 +578,9 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL "
                  "(credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)");
   up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--credential", up_args->credential,
+                 "Cluster credential of gateway and daemons (default STATE/cluster.credential, "
+                 "created when missing)");
   up->add_option("--decision-journal", up_args->decision_journal,
                  "The gateway's decision journal (see nbos gateway --help)");
   up->add_option("--idle-suspend-minutes", up_args->idle_suspend_minutes,
@@ -519,7 +593,15 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->check(CLI::NonNegativeNumber);
   up->add_option("--log-level", up_args->log_level)->capture_default_str();
 
+  auto credential_file = std::make_shared<std::string>();
+  auto* cred = app.add_subcommand("credential", "Manage the cluster credential");
+  auto* create = cred->add_subcommand(
+      "create", "Write a new cluster credential (CA, certificate, key, token) to FILE, mode 0600");
+  create->add_option("FILE", *credential_file, "Where to write it")->required();
+  cred->require_subcommand(1);
+
   return [=]() -> int {
+    if (*create) return CreateCredential(*credential_file);
     if (*gw) return RunGateway(*gw_args, self_path);
     if (*d) return RunDaemon(*d_args, self_path);
     if (*up) return RunUp(*up_args, self_path);

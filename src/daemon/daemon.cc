@@ -175,6 +175,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
     options.blob_store_url = "dir://" + options.state_dir + "/blobs";
   }
   WarnOfAMachineLocalStore(options);
+  if (!options.credential) {
+    spdlog::warn(
+        "no cluster credential: the Daemon service on {} is plaintext and starts "
+        "processes for anyone who can reach it (--credential FILE)",
+        options.listen_address);
+  }
 
   Result<GpuInventory> gpus =
       DiscoverGpus({options.gpu_source, options.virtual_gpus, options.vram_mb_per_gpu});
@@ -208,7 +214,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   d->service_ = std::make_unique<Service>(raw);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      options.listen_address,
+      control::ServerCredentials(options.credential, "daemon " + options.server_id,
+                                 d->refused_calls_),
+      &port);
   builder.RegisterService(d->service_.get());
   d->server_ = builder.BuildAndStart();
   if (!d->server_ || port == 0) {
@@ -483,8 +493,9 @@ void Daemon::RegistrationLoop() {
   // loaded machine. 5 s, the calls' own deadline.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel =
-      grpc::CreateCustomChannel(options_.gateway_address, grpc::InsecureChannelCredentials(), args);
+  control::AddChannelArguments(options_.credential, &args);
+  auto channel = grpc::CreateCustomChannel(options_.gateway_address,
+                                           control::ChannelCredentials(options_.credential), args);
   auto stub = control::Gateway::NewStub(channel);
   auto interval = options_.default_heartbeat_interval;
   bool registered = false;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "control/cluster_credential.h"
 #include "control/control.pb.h"
 #include "daemon/gpu_inventory.h"
 #include "daemon/ledger.h"
@@ -61,6 +62,9 @@ struct DaemonOptions {
   std::chrono::milliseconds gateway_rpc_timeout{std::chrono::seconds(3)};
   std::chrono::milliseconds register_retry{std::chrono::seconds(1)};
   std::chrono::milliseconds default_heartbeat_interval{std::chrono::seconds(2)};
+  // TLS and the cluster token for the Daemon service and the calls to the gateway
+  // (control/cluster_credential.h); null: plaintext, open to any caller.
+  std::shared_ptr<const control::ClusterCredential> credential;
 };
 
 class Daemon {
@@ -128,6 +132,9 @@ class Daemon {
 
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Calls refused for want of the cluster credential (logged with the count).
+  std::shared_ptr<std::atomic<uint64_t>> refused_calls_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   // Registration loop and shutdown.
   mutable std::mutex reg_mu_;

@@ -35,7 +35,9 @@ DaemonClient::DaemonClient(std::string address, DaemonClientOptions options)
   // loaded machine. 5 s, the calls' own deadline.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  impl_->channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  control::AddChannelArguments(options_.credential, &args);
+  impl_->channel =
+      grpc::CreateCustomChannel(address_, control::ChannelCredentials(options_.credential), args);
   impl_->stub = control::Daemon::NewStub(impl_->channel);
 }
 

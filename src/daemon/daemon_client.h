@@ -12,12 +12,15 @@
 #include <string>
 
 #include "common/status.h"
+#include "control/cluster_credential.h"
 #include "control/control.pb.h"
 
 namespace nbos::daemon {
 
 struct DaemonClientOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(5)};  // Prepare, Grant, Release, Status
+  // TLS and the cluster token (control/cluster_credential.h); null: plaintext.
+  std::shared_ptr<const control::ClusterCredential> credential;
   std::chrono::milliseconds launch_timeout{std::chrono::seconds(15)};
   // StopReplica waits out the daemon's grace period (SIGTERM, then SIGKILL).
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(30)};

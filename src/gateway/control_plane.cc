@@ -72,7 +72,10 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::Start(ControlPlaneOptions op
   plane->service_ = std::make_unique<Service>(plane.get());
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(plane->options_.address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(plane->options_.address,
+                           control::ServerCredentials(plane->options_.credential, "gateway",
+                                                      plane->options_.refused_calls),
+                           &port);
   builder.RegisterService(plane->service_.get());
   plane->server_ = builder.BuildAndStart();
   if (!plane->server_ || port == 0) {

@@ -5,12 +5,14 @@
 // the gRPC threads. An exception from a handler is caught there and answered with INTERNAL.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 
 #include "common/status.h"
 #include "common/work_queue.h"
+#include "control/cluster_credential.h"
 #include "gateway/registry.h"
 
 namespace grpc {
@@ -23,6 +25,10 @@ struct ControlPlaneOptions {
   std::string address = "127.0.0.1:0";  // "host:port" to listen on; port 0: ephemeral
   int heartbeat_interval_ms = 1000;
   int server_timeout_ms = 5000;  // missed heartbeats this long: the server is gone
+  // TLS and the cluster token (control/cluster_credential.h); null: plaintext. Calls refused for
+  // want of it count in `refused_calls`.
+  std::shared_ptr<const control::ClusterCredential> credential;
+  std::shared_ptr<std::atomic<uint64_t>> refused_calls;
 };
 
 class ControlPlane {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 
 #include "gateway/client_validation.h"
 
@@ -14,6 +15,9 @@ namespace nbos::gateway {
 struct EdgeCounters {
   std::array<std::atomic<uint64_t>, std::size(kAllRejectClasses)> rejected_messages{};
   std::atomic<uint64_t> rejected_rest_requests{0};
+  // Control-plane calls (daemons') without the cluster credential; shared with gRPC's threads.
+  std::shared_ptr<std::atomic<uint64_t>> refused_control_calls =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   void Rejected(RejectClass reason) { ++rejected_messages[static_cast<size_t>(reason)]; }
 };

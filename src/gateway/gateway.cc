@@ -181,8 +181,16 @@ struct Gateway::Impl {
     kernels =
         std::make_unique<KernelManager>(ko, registry.get(), store.get(), planner.get(), &counters);
     if (Status s = kernels->Restore(); !s.ok()) return s;
+    if (!options.credential) {
+      spdlog::warn(
+          "no cluster credential: the control plane is plaintext and takes calls from "
+          "anyone who can reach {} (nbos credential create FILE; --credential FILE)",
+          options.control_address);
+    }
+    registry->SetDaemonClientOptions({.credential = options.credential});
     auto control_plane = ControlPlane::Start(
-        {options.control_address, options.heartbeat_interval_ms, options.server_timeout_ms},
+        {options.control_address, options.heartbeat_interval_ms, options.server_timeout_ms,
+         options.credential, counters.refused_control_calls},
         registry.get());
     if (!control_plane.ok()) return control_plane.status();
     control = std::move(*control_plane);

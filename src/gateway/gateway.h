@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "control/cluster_credential.h"
 #include "sched/resources.h"
 
 namespace nbos::gateway {
@@ -24,6 +25,8 @@ struct GatewayOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 8888;                         // 0: ephemeral
   std::string control_address = "127.0.0.1:0";  // Gateway gRPC service (daemons register here)
+  // TLS and the cluster token between gateway and daemons; null: plaintext (a warning).
+  std::shared_ptr<const control::ClusterCredential> credential;
   // Required unless allow_unauthenticated: clients send `Authorization: token T` or `?token=T`.
   std::string token;
   bool allow_unauthenticated = false;

@@ -546,6 +546,12 @@ std::string HttpApi::Metrics() const {
         .Increment(static_cast<double>(counters_->rejected_messages[static_cast<size_t>(reason)]));
   }
   rejected_rest.Add({}).Increment(static_cast<double>(counters_->rejected_rest_requests));
+  prometheus::BuildCounter()
+      .Name("nbos_control_calls_refused_total")
+      .Help("Control-plane (gRPC) calls refused for want of the cluster credential")
+      .Register(registry)
+      .Add({})
+      .Increment(static_cast<double>(counters_->refused_control_calls->load()));
   exceptions.Add({}).Increment(static_cast<double>(caught));
   return prometheus::TextSerializer().Serialize(registry.Collect());
 }

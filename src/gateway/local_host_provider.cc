@@ -96,6 +96,10 @@ Status LocalHostProvider::Start(const std::string& id) {
       std::to_string(options_.warm_pool),
       "--log-level",
       options_.log_level};
+  if (!options_.credential_file.empty()) {
+    argv.push_back("--credential");
+    argv.push_back(options_.credential_file);
+  }
   std::vector<std::string> envp = BuildEnvironment({});
   const std::string log_path = options_.state_dir + "/logs/" + id + ".log";
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -24,6 +24,7 @@ struct LocalHostOptions {
   std::string control_address;  // the gateway's control service, "host:port"
   std::string state_dir;        // servers' directories, logs and pid files live under it
   std::string blob_store_url;   // shared by every server's replicas
+  std::string credential_file;  // the cluster credential (--credential); empty: none
   int gpus_per_host = 1;
   int warm_pool = 1;
   int max_hosts = 3;        // ids host-1 .. host-max_hosts

@@ -29,6 +29,11 @@ int64_t Registry::NowMs() const {
 
 // ---- servers ----------------------------------------------------------------------------------
 
+void Registry::SetDaemonClientOptions(daemon::DaemonClientOptions options) {
+  MutexLock lock(&mu_);
+  client_options_ = std::move(options);
+}
+
 void Registry::OnRegister(const control::RegisterRequest& req) {
   MutexLock lock(&mu_);
   pending_servers_.erase(req.server_id());
@@ -36,7 +41,7 @@ void Registry::OnRegister(const control::RegisterRequest& req) {
   ServerRecord& s = servers_[req.server_id()];
   s.server_id = req.server_id();
   if (!s.client || s.client->address() != req.daemon_address())
-    s.client = std::make_shared<daemon::DaemonClient>(req.daemon_address());
+    s.client = std::make_shared<daemon::DaemonClient>(req.daemon_address(), client_options_);
   s.gpus_virtual = req.gpus_virtual();
   s.last_seen = SteadyClock::now();
   s.alive = true;

@@ -141,6 +141,8 @@ class Registry {
 
   // ---- servers ----
   void OnRegister(const control::RegisterRequest& request) EXCLUDES(mu_);
+  // How the clients of servers registering from now on call their daemons (TLS, token).
+  void SetDaemonClientOptions(daemon::DaemonClientOptions options) EXCLUDES(mu_);
   struct HeartbeatOutcome {
     bool known = false;  // false: the daemon must register first
     std::vector<LivenessChange> changes;
@@ -283,6 +285,7 @@ class Registry {
 
   const SteadyClock::time_point started_ = SteadyClock::now();
   mutable Mutex mu_;
+  daemon::DaemonClientOptions client_options_ GUARDED_BY(mu_);
   sched::Scheduler scheduler_ GUARDED_BY(mu_);
   std::map<std::string, ServerRecord> servers_ GUARDED_BY(mu_);
   std::map<std::string, KernelRecord> kernels_ GUARDED_BY(mu_);

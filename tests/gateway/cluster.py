@@ -333,9 +333,11 @@ class SplitCluster:
     kill, freeze or restart any of them; `dead_store_host` (a host number or None) gets a blob
     store nothing listens on."""
 
-    def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1", gateway_args=()):
+    def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1", gateway_args=(),
+                 daemon_args=()):
         self.hosts = hosts
         self.gateway_args = tuple(gateway_args)
+        self.daemon_args = tuple(daemon_args)
         self.daemons = {}
         self.ps = Processes()
         self.token = "faults-token"
@@ -355,7 +357,7 @@ class SplitCluster:
             "--gpus", "1", "--virtual-gpus", "--state-dir", f"{self.ps.root}/host-{i}",
             "--blob-store", self.stores[i], "--replica-ports",
             f"{21000 + 500 * i}-{21499 + 500 * i}", "--listen", address[0], "--advertise-ip",
-            address[1], prefix=prefix)
+            address[1], *self.daemon_args, prefix=prefix)
 
     def host_replicas(self, i):
         """Pids of the replica processes that host-`i`'s daemon started."""
