@@ -334,7 +334,7 @@ class SplitCluster:
     store nothing listens on."""
 
     def __init__(self, dead_store_host=None, hosts=3, control_ip="127.0.0.1", gateway_args=(),
-                 daemon_args=()):
+                 daemon_args=(), blob_store=None):
         self.hosts = hosts
         self.gateway_args = tuple(gateway_args)
         self.daemon_args = tuple(daemon_args)
@@ -345,7 +345,8 @@ class SplitCluster:
         self.port = free_port()
         self.gateway = self.start_gateway()
         dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-        self.stores = {i: dead_store if i == dead_store_host else f"dir://{self.ps.root}/blobs"
+        store = blob_store or f"dir://{self.ps.root}/blobs"
+        self.stores = {i: dead_store if i == dead_store_host else store
                        for i in range(1, hosts + 1)}
         for i in range(1, hosts + 1):
             self.start_daemon(i)
@@ -425,15 +426,17 @@ def is_replica_of(pid, root):
 
 class Network:
     """A bridge with one network namespace per host behind a veth pair, all made by this test:
-    host i is 10.(N).0.(10+i) in namespace `nbos-<pid>-h<i>`, the bridge (the gateway's side)
-    10.(N).0.1. cut(i) drops every packet in and out of host i with nftables inside its namespace
-    (loopback excepted), heal(i) removes that rule. close() deletes namespaces and bridge."""
+    host i is 10.(N).0.(10+i) in namespace `nbos-<pid>-h<i>`, the bridge (this machine's side)
+    10.(N).0.1. With `gateway_host`, host 0 (10.(N).0.10) is one more namespace, for the gateway.
+    cut(i) drops every packet in and out of host i with nftables inside its namespace (loopback
+    excepted), heal(i) removes that rule. close() deletes namespaces and bridge."""
 
-    def __init__(self, hosts):
+    def __init__(self, hosts, gateway_host=False):
         tag = os.getpid() % 100000
         self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
         self.bridge = f"nbosbr{tag}"
-        self.namespaces = {i: f"nbos-{tag}-h{i}" for i in range(1, hosts + 1)}
+        self.namespaces = {i: f"nbos-{tag}-h{i}"
+                           for i in range(0 if gateway_host else 1, hosts + 1)}
         self.gateway_ip = f"{self.subnet}.1"
         try:
             self._ip("link", "add", self.bridge, "type", "bridge")
@@ -491,15 +494,30 @@ class Network:
 
 class NetnsCluster(SplitCluster):
     """A SplitCluster whose daemons (and so their replicas) run each in its own network
-    namespace (Network), reached over a bridge; the gateway's HTTP stays on 127.0.0.1."""
+    namespace (Network), reached over a bridge. The gateway runs on this machine (HTTP on
+    127.0.0.1), or, when `net` has a gateway host, in that namespace at its own address."""
 
-    def __init__(self, hosts):
-        self.net = Network(hosts)
+    def __init__(self, hosts, net=None, **kwargs):
+        self.net = net or Network(hosts)
+        self.own_gateway_ns = 0 in self.net.namespaces
+        ip = self.net.host_ip(0) if self.own_gateway_ns else self.net.gateway_ip
         try:
-            super().__init__(hosts=hosts, control_ip=self.net.gateway_ip)
+            super().__init__(hosts=hosts, control_ip=ip, **kwargs)
         except BaseException:
             self.close()
             raise
+
+    def start_gateway(self):
+        if not self.own_gateway_ns:
+            return super().start_gateway()
+        gw = self.ps.start("gateway", "gateway", "--address", self.net.host_ip(0), "--port",
+                           str(self.port), "--control-address", self.control, "--state-dir",
+                           f"{self.ps.root}/gateway", "--token", self.token, *self.gateway_args,
+                           prefix=self.net.prefix(0))
+        m = re.match(r"gateway: (http://\S+) control:", gw.stdout.readline())
+        assert m
+        self.url = m.group(1)
+        return gw
 
     def start_daemon(self, i, prefix=(), address=None):
         ip = self.net.host_ip(i)
