@@ -24,6 +24,7 @@
 #include "control/cluster_credential.h"
 #include "daemon/daemon.h"
 #include "gateway/gateway.h"
+#include "gateway/kubernetes_host_provider.h"
 #include "gateway/local_host_provider.h"
 
 namespace nbos::app {
@@ -80,6 +81,10 @@ struct GatewayArgs {
   int local_hosts = 0;
   gateway::LocalHostOptions local;
   std::string local_ports;
+  // Auto-scaling with daemon Pods on Kubernetes (kubernetes_host_provider.h); 0: off.
+  int kubernetes_hosts = 0;
+  std::string kubernetes_pod_template;
+  std::string kubernetes_namespace;
   double idle_suspend_minutes = 0;
 };
 struct DaemonArgs {
@@ -133,13 +138,45 @@ Status ConfigureLocalHosts(GatewayArgs& args, const std::string& self_path) {
   return Status::Ok();
 }
 
+// With --kubernetes-hosts: the gateway creates daemon Pods from --kubernetes-pod-template (JSON)
+// and scales between --kubernetes-hosts and --max-hosts of them.
+Status ConfigureKubernetesHosts(GatewayArgs& args) {
+  if (args.kubernetes_hosts <= 0) return Status::Ok();
+  if (args.local_hosts > 0)
+    return InvalidArgument("--local-hosts and --kubernetes-hosts exclude each other");
+  std::ifstream in(args.kubernetes_pod_template);
+  const nlohmann::json pod = nlohmann::json::parse(in, nullptr, false);
+  if (!in || pod.is_discarded()) {
+    return InvalidArgument("--kubernetes-pod-template: cannot read a JSON Pod from '" +
+                           args.kubernetes_pod_template + "'");
+  }
+  gateway::KubernetesHostOptions k;
+  k.namespace_name = args.kubernetes_namespace;
+  if (k.namespace_name.empty()) {
+    std::ifstream ns("/var/run/secrets/kubernetes.io/serviceaccount/namespace");
+    std::getline(ns, k.namespace_name);
+  }
+  k.pod_template = pod;
+  k.max_hosts = std::max(args.local.max_hosts, args.kubernetes_hosts);
+  auto api = gateway::ConnectKubeApi({});
+  if (!api.ok()) return api.status();
+  auto provider = gateway::KubernetesHostProvider::Create(k, std::move(*api));
+  if (!provider.ok()) return provider.status();
+  args.options.min_hosts = args.kubernetes_hosts;
+  args.options.max_hosts = k.max_hosts;
+  args.options.gpus_per_host = args.local.gpus_per_host;
+  args.options.host_provider = std::move(*provider);
+  return Status::Ok();
+}
+
 int RunGateway(GatewayArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   InitLogging(STDERR_FILENO, args.log_level, "gateway");
   if (args.options.token.empty()) {
     if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.options.token = t;
   }
-  if (Status s = ConfigureLocalHosts(args, self_path); !s.ok()) {
+  if (Status s = ConfigureLocalHosts(args, self_path);
+      !s.ok() || !(s = ConfigureKubernetesHosts(args)).ok()) {
     std::cerr << "nbos gateway: " << s.message() << "\n";
     return 2;
   }
@@ -499,8 +536,18 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "between it and --max-hosts (0: servers register on their own)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  gw->add_option("--max-hosts", gw_args->local.max_hosts, "Most local servers (auto-scaling)")
+  gw->add_option("--max-hosts", gw_args->local.max_hosts,
+                 "Most servers (auto-scaling, local or Kubernetes)")
       ->capture_default_str();
+  gw->add_option("--kubernetes-hosts", gw_args->kubernetes_hosts,
+                 "Create this many daemon Pods (from --kubernetes-pod-template) and scale "
+                 "between it and --max-hosts; the cluster autoscaler adds the nodes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gw->add_option("--kubernetes-pod-template", gw_args->kubernetes_pod_template,
+                 "The daemon Pod (JSON) for --kubernetes-hosts");
+  gw->add_option("--kubernetes-namespace", gw_args->kubernetes_namespace,
+                 "Namespace of the daemon Pods (default: the gateway's own)");
   gw->add_option("--scaling-interval-ms", gw_args->options.scaling_interval_ms,
                  "How often auto-scaling decides")
       ->capture_default_str()
