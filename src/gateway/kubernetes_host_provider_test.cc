@@ -3,8 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <deque>
 #include <fstream>
+
+#include "http/server.h"
 
 namespace nbos::gateway {
 namespace {
@@ -129,6 +132,45 @@ TEST_F(KubernetesHostProviderTest, ATemplateThatIsNotAPodIsRefusedBeforeAnyCall)
     EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(exchanges_.size(), 8u);
+}
+
+// The libcurl transport against a real HTTP server: the service account's token as a bearer
+// token (read per call), JSON both ways, and a body that is not JSON read as null.
+TEST(KubeApiTest, SpeaksJsonWithTheServiceAccountsToken) {
+  http::Server server;
+  std::string seen_auth, seen_body;
+  server.Route("POST", "/api/v1/namespaces/{ns}/pods", [&](const http::Request& r) {
+    seen_auth = r.Header("authorization");
+    seen_body = r.body;
+    return http::Response{201, "application/json", R"({"kind":"Pod"})", {}};
+  });
+  server.Route("GET", "/api/v1/namespaces/{ns}/pods", [&](const http::Request&) {
+    return http::Response{403, "text/plain", "forbidden", {}};
+  });
+  ASSERT_TRUE(server.Start({}).ok());
+  const std::string token_file = testing::TempDir() + "/kube-token";
+  std::ofstream(token_file) << "abc123\n";
+  auto api = ConnectKubeApi({.base_url = "http://127.0.0.1:" + std::to_string(server.port()),
+                             .token_file = token_file,
+                             .ca_file = ""});
+  ASSERT_TRUE(api.ok()) << api.status().ToString();
+  auto created = (*api)->Call("POST", "/api/v1/namespaces/gpu/pods", Json{{"kind", "Pod"}});
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ(created->status, 201);
+  EXPECT_EQ(created->body["kind"], "Pod");
+  EXPECT_EQ(seen_auth, "Bearer abc123");
+  EXPECT_EQ(Json::parse(seen_body), (Json{{"kind", "Pod"}}));
+  auto refused = (*api)->Call("GET", "/api/v1/namespaces/gpu/pods", nullptr);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 403);
+  EXPECT_TRUE(refused->body.is_null());
+  const uint16_t port = server.port();
+  server.Stop();
+  auto gone = ConnectKubeApi({.base_url = "http://127.0.0.1:" + std::to_string(port)});
+  auto down = (*gone)->Call("GET", "/api/v1/namespaces/gpu/pods", nullptr);
+  ASSERT_FALSE(down.ok());
+  EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);
+  std::remove(token_file.c_str());
 }
 
 TEST(KubeApiTest, OutsideAPodWithoutAnUrlIsAClearError) {
