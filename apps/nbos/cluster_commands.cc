@@ -169,6 +169,19 @@ Status ConfigureKubernetesHosts(GatewayArgs& args) {
   return Status::Ok();
 }
 
+// --credential FILE, when given, into `out`; false (said on stderr) when it cannot be read.
+bool LoadCredential(const std::string& file, const char* command,
+                    std::shared_ptr<const control::ClusterCredential>* out) {
+  if (file.empty()) return true;
+  auto credential = control::ReadClusterCredential(file);
+  if (!credential.ok()) {
+    std::cerr << "nbos " << command << ": " << credential.status().message() << "\n";
+    return false;
+  }
+  *out = *credential;
+  return true;
+}
+
 int RunGateway(GatewayArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   InitLogging(STDERR_FILENO, args.log_level, "gateway");
@@ -181,14 +194,7 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
     return 2;
   }
   args.options.idle_suspend_ms = static_cast<int64_t>(args.idle_suspend_minutes * 60'000);
-  if (!args.credential_file.empty()) {
-    auto credential = control::ReadClusterCredential(args.credential_file);
-    if (!credential.ok()) {
-      std::cerr << "nbos gateway: " << credential.status().message() << "\n";
-      return 2;
-    }
-    args.options.credential = *credential;
-  }
+  if (!LoadCredential(args.credential_file, "gateway", &args.options.credential)) return 2;
   auto gw = gateway::Gateway::Start(args.options);
   if (!gw.ok()) {
     std::cerr << "nbos gateway: " << gw.status().message() << "\n";
@@ -214,14 +220,7 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
     }
     args.options.replica_ports = *range;
   }
-  if (!args.credential_file.empty()) {
-    auto credential = control::ReadClusterCredential(args.credential_file);
-    if (!credential.ok()) {
-      std::cerr << "nbos daemon: " << credential.status().message() << "\n";
-      return 2;
-    }
-    args.options.credential = *credential;
-  }
+  if (!LoadCredential(args.credential_file, "daemon", &args.options.credential)) return 2;
   auto d = daemon::Daemon::Start(args.options);
   if (!d.ok()) {
     std::cerr << "nbos daemon: " << d.status().message() << "\n";

@@ -155,6 +155,17 @@ TEST(OpenBlobStoreTest, RedisUrl) {
 
 // Each backend: SetUp() prepares the backing store, Open() a BlobStore on it, Corrupt() damages
 // a stored blob behind the store's back keeping its size.
+// Damages a stored blob behind its store's back, keeping its size.
+void FlipFirstByte(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, 0), 1);
+  c = static_cast<char>(c ^ 0x01);
+  ASSERT_EQ(::pwrite(fd, &c, 1, 0), 1);
+  ::close(fd);
+}
+
 struct DirBackend {
   static constexpr const char* kName = "Dir";
   static constexpr bool kServerPublishesAtomically = true;
@@ -166,14 +177,7 @@ struct DirBackend {
   }
   void Corrupt(const std::string& key) {
     auto store = DirBlobStore::Open(tmp.path());
-    std::string path = (*store)->PathFor(key).string();
-    int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, 0), 1);
-    c = static_cast<char>(c ^ 0x01);
-    ASSERT_EQ(::pwrite(fd, &c, 1, 0), 1);
-    ::close(fd);
+    FlipFirstByte((*store)->PathFor(key).string());
   }
 
   ScopedTempDir tmp;
@@ -217,14 +221,7 @@ struct S3Backend {
                          "&part_bytes=" + std::to_string(S3BlobStore::kMinPartBytes));
   }
   void Corrupt(const std::string& key) {
-    const std::string path = server.bucket_directory() / "blobs" / (key + "._S3rver_object");
-    int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, 0), 1);
-    c = static_cast<char>(c ^ 0x01);
-    ASSERT_EQ(::pwrite(fd, &c, 1, 0), 1);
-    ::close(fd);
+    FlipFirstByte(server.bucket_directory() / "blobs" / (key + "._S3rver_object"));
   }
 
   S3TestServer server;
