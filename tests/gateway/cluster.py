@@ -352,6 +352,9 @@ class SplitCluster:
             self.start_daemon(i)
         self.wait_servers()
 
+    def close(self):
+        self.ps.stop()
+
     def start_daemon(self, i, prefix=(), address=("127.0.0.1:0", "127.0.0.1")):
         self.daemons[i] = self.ps.start(
             f"host-{i}", "daemon", "--server-id", f"host-{i}", "--gateway", self.control,
@@ -538,3 +541,11 @@ class NetnsCluster(SplitCluster):
         with contextlib.suppress(AttributeError):
             self.ps.stop()
         self.net.close()
+
+
+def split_cluster(hosts=3, **kwargs):
+    """A SplitCluster; with NBOS_TEST_NETNS=1 a NetnsCluster whose gateway and daemons each run in
+    a network namespace of their own (no loopback between them). Stop it with close()."""
+    if os.environ.get("NBOS_TEST_NETNS") == "1":
+        return NetnsCluster(hosts, net=Network(hosts, gateway_host=True), **kwargs)
+    return SplitCluster(hosts=hosts, **kwargs)

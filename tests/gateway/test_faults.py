@@ -11,21 +11,21 @@ import time
 
 import pytest
 
-from cluster import KernelSocket, SplitCluster, is_replica_of, rest_call
+from cluster import KernelSocket, is_replica_of, rest_call, split_cluster
 
 
 @pytest.fixture
-def split_cluster():
-    c = SplitCluster(dead_store_host=2)
+def faulty_cluster():
+    c = split_cluster(dead_store_host=2)
     yield c.url, c.token, c.ps
-    c.ps.stop()
+    c.close()
 
 
 @pytest.fixture
 def healthy_split_cluster():
-    c = SplitCluster()
+    c = split_cluster()
     yield c
-    c.ps.stop()
+    c.close()
 
 
 def test_a_kernel_deleted_right_after_a_gateway_restart_leaves_no_replica(healthy_split_cluster):
@@ -66,8 +66,8 @@ def test_replicas_of_a_kernel_the_gateway_does_not_know_are_stopped(healthy_spli
     c.wait_no_replicas()
 
 
-def test_a_replica_that_cannot_start_fails_the_kernel_start_quickly(split_cluster):
-    url, token, ps = split_cluster
+def test_a_replica_that_cannot_start_fails_the_kernel_start_quickly(faulty_cluster):
+    url, token, ps = faulty_cluster
     status, body = rest_call(url, token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 503, (status, body)
     assert "replica 2" in body["message"] and "host-2" in body["message"], body

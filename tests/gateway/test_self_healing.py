@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from cluster import KernelSocket, SplitCluster, rest_call
+from cluster import KernelSocket, rest_call, split_cluster
 
 HOSTS = 4
 STATE = ("import numpy as np, torch\n"
@@ -26,9 +26,9 @@ DIGEST = ("import hashlib as _h\n"
 
 @pytest.fixture
 def cluster():
-    c = SplitCluster(hosts=HOSTS)
+    c = split_cluster(hosts=HOSTS)
     yield c
-    c.ps.stop()
+    c.close()
 
 
 def kernel_view(c, kernel_id):

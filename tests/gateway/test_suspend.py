@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from cluster import KernelSocket, SplitCluster, rest_call
+from cluster import KernelSocket, rest_call, split_cluster
 from test_self_healing import (DIGEST, STATE, digests_by_replica, expected_digest,
                                kernel_with_state)
 
@@ -18,9 +18,9 @@ IDLE_MINUTES = "0.05"  # 3 s
 
 @pytest.fixture
 def cluster():
-    c = SplitCluster(hosts=3, gateway_args=("--idle-suspend-minutes", IDLE_MINUTES))
+    c = split_cluster(hosts=3, gateway_args=("--idle-suspend-minutes", IDLE_MINUTES))
     yield c
-    c.ps.stop()
+    c.close()
 
 
 def view(c):
