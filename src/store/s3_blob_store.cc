@@ -326,8 +326,18 @@ Result<std::string> S3BlobStore::Upload(std::string_view object, std::string_vie
   return upload_id;
 }
 
-// HEAD tells the size; the bytes come in `part_bytes` ranges, `parallel` at a time.
+// A read that does not hash to its key is tried once more: a service that writes objects in
+// place (s3rver, unlike S3) can be caught rewriting the blob for a second upload of the same
+// bytes. A mismatch that stays is corruption.
 Result<std::string> S3BlobStore::Get(std::string_view key) {
+  auto first = ReadOnce(key);
+  if (first.ok() || first.status().code() != StatusCode::kInternal) return first;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return ReadOnce(key);
+}
+
+// HEAD tells the size; the bytes come in `part_bytes` ranges, `parallel` at a time.
+Result<std::string> S3BlobStore::ReadOnce(std::string_view key) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
   const std::string object = ObjectName(key);
   auto head = Send({.method = "HEAD", .object = object});

@@ -9,7 +9,8 @@
 // Transfers. A blob up to `part_bytes` is one PUT, signed with its own SHA-256 (its key), so
 // the service checks the bytes too; a larger one is a multipart upload of `part_bytes` parts,
 // `parallel` at a time, aborted when any part fails. Get of a large blob reads `part_bytes`
-// ranges, `parallel` at a time, into one buffer. Every read re-hashes the bytes.
+// ranges, `parallel` at a time, into one buffer. Every read re-hashes the bytes; a mismatch is
+// read once more before it counts as corruption.
 //
 // Connections are kept alive in a pool of libcurl handles shared by all threads.
 //
@@ -83,6 +84,7 @@ class S3BlobStore final : public BlobStore {
  private:
   explicit S3BlobStore(S3BlobStoreOptions options);
   Status Probe();
+  Result<std::string> ReadOnce(std::string_view key);
   Result<Response> Send(const Request& request);
   Status Check(const Result<Response>& response, std::string_view what,
                std::vector<long> ok = {200}) const;
