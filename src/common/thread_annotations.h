@@ -15,6 +15,21 @@
 #define NBOS_THREAD_ANNOTATION(x)
 #endif
 
+// Abseil (through gRPC) defines some of these names with the same meaning; ours win.
+#undef CAPABILITY
+#undef SCOPED_CAPABILITY
+#undef GUARDED_BY
+#undef PT_GUARDED_BY
+#undef ACQUIRED_BEFORE
+#undef ACQUIRED_AFTER
+#undef REQUIRES
+#undef ACQUIRE
+#undef RELEASE
+#undef TRY_ACQUIRE
+#undef EXCLUDES
+#undef RETURN_CAPABILITY
+#undef NO_THREAD_SAFETY_ANALYSIS
+
 #define CAPABILITY(x) NBOS_THREAD_ANNOTATION(capability(x))
 #define SCOPED_CAPABILITY NBOS_THREAD_ANNOTATION(scoped_lockable)
 #define GUARDED_BY(x) NBOS_THREAD_ANNOTATION(guarded_by(x))

@@ -658,11 +658,7 @@ void KernelRouter::CancelForQuorum(Effects* out) {
                     out);
     return;
   }
-  Message cancel =
-      factory_.Make("nbos_cancel_request", Json{{"exec_id", in_flight_->exec_id}}, Json());
-  quorum_cancel_id_ = cancel.msg_id();
-  merger_.Expect(cancel.msg_id(), {target});
-  SendTo({target}, Channel::kControl, cancel, out);
+  quorum_cancel_id_ = SendCancel(target, in_flight_->exec_id, out);
 }
 
 void KernelRouter::OnQuorumCancelReply(const Message& reply, Effects* out) {
@@ -694,10 +690,11 @@ void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
                   /*with_busy=*/!busy_sent);
 }
 
-void KernelRouter::SendCancel(ReplicaId to, const std::string& exec_id, Effects* out) {
+std::string KernelRouter::SendCancel(ReplicaId to, const std::string& exec_id, Effects* out) {
   Message cancel = factory_.Make("nbos_cancel_request", Json{{"exec_id", exec_id}}, Json());
-  merger_.Expect(cancel.msg_id(), {to});  // its reply has no client; the merger settles it
+  merger_.Expect(cancel.msg_id(), {to});  // the merger settles its reply (unless asked for)
   SendTo({to}, Channel::kControl, cancel, out);
+  return cancel.msg_id();
 }
 
 // Answers the in-flight execution on the replicas' behalf when none of them can.

@@ -338,7 +338,8 @@ class KernelRouter {
   void CancelForQuorum(Effects* out);
   void OnQuorumCancelReply(const jupyter::Message& reply, Effects* out);
   void AbandonInFlight(const std::string& why, Effects* out);
-  void SendCancel(ReplicaId to, const std::string& exec_id, Effects* out);
+  // nbos_cancel_request for `exec_id` to `to`; returns its msg_id.
+  std::string SendCancel(ReplicaId to, const std::string& exec_id, Effects* out);
   std::string NoQuorumMessage(size_t live) const;
   void Reject(ClientId client, const Rejection& rejection, const jupyter::Message* request,
               jupyter::Channel channel, Effects* out);

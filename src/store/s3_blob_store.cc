@@ -8,7 +8,6 @@
 #include <cctype>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <thread>
 
 namespace nbos::store {
@@ -85,19 +84,6 @@ std::string Escape(std::string_view s) {
     }
   }
   return out;
-}
-
-// Total size from "Content-Range: bytes 0-99/1234".
-std::optional<long long> RangeTotal(const std::map<std::string, std::string>& headers) {
-  auto it = headers.find("content-range");
-  if (it == headers.end()) return std::nullopt;
-  const size_t slash = it->second.rfind('/');
-  if (slash == std::string::npos) return std::nullopt;
-  try {
-    return std::stoll(it->second.substr(slash + 1));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
 }
 
 }  // namespace
