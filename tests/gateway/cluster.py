@@ -38,7 +38,42 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Cluster:
+class ClusterApi:
+    """What tests ask of any cluster: its gateway's REST API (`url`, `token`) and the processes
+    of it still alive (`state_dir` is in their command line or holds their working directory)."""
+
+    def request(self, method, path, body=None, token=None, headers=None, raw=None):
+        return rest_call(self.url, self.token if token is None else token, method, path, body,
+                         headers, raw)
+
+    def get(self, path):
+        status, body = self.request("GET", path)
+        assert status == 200, (status, body)
+        return body
+
+    def start_kernel(self, env=None):
+        status, model = self.request("POST", "/api/kernels", {"name": "nbos", "env": env or {}})
+        assert status == 201, (status, model)
+        return model["id"]
+
+    def nbos_processes(self):
+        """Processes of this cluster (warm replica processes included)."""
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if self.state_dir in cmd or cwd.startswith(self.state_dir):
+                out.append((int(pid), cmd))
+        return out
+
+
+class Cluster(ClusterApi):
     """`nbos up` on this machine, in a private state directory."""
 
     def __init__(self, hosts=4, gpus_per_host=2, extra=(), env=None):
@@ -57,37 +92,6 @@ class Cluster:
         while len(self.get("/api/nbos/cluster")["servers"]) < hosts:
             assert time.time() < deadline, "daemons did not register"
             time.sleep(0.1)
-
-    def request(self, method, path, body=None, token=None, headers=None, raw=None):
-        return rest_call(self.url, self.token if token is None else token, method, path, body,
-                         headers, raw)
-
-    def get(self, path):
-        status, body = self.request("GET", path)
-        assert status == 200, (status, body)
-        return body
-
-    def start_kernel(self, env=None):
-        status, model = self.request("POST", "/api/kernels", {"name": "nbos", "env": env or {}})
-        assert status == 201, (status, model)
-        return model["id"]
-
-    def nbos_processes(self):
-        """Processes of this cluster: its state directory is in their command line or is (or
-        holds) their working directory (warm replica processes)."""
-        out = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if self.state_dir in cmd or cwd.startswith(self.state_dir):
-                out.append((int(pid), cmd))
-        return out
 
     def stop(self):
         if self.proc.poll() is None:
@@ -328,7 +332,7 @@ class Processes:
                 p.wait()
 
 
-class SplitCluster:
+class SplitCluster(ClusterApi):
     """A gateway and `hosts` daemons (1 virtual GPU each) started one by one, so that a test can
     kill, freeze or restart any of them; `dead_store_host` (a host number or None) gets a blob
     store nothing listens on."""
@@ -340,6 +344,7 @@ class SplitCluster:
         self.daemon_args = tuple(daemon_args)
         self.daemons = {}
         self.ps = Processes()
+        self.state_dir = self.ps.root
         self.token = "faults-token"
         self.control = f"{control_ip}:{free_port()}"
         self.port = free_port()
@@ -354,6 +359,11 @@ class SplitCluster:
 
     def close(self):
         self.ps.stop()
+
+    def stop(self):
+        """Stops every process; returns the gateway's exit status."""
+        self.close()
+        return self.gateway.returncode
 
     def start_daemon(self, i, prefix=(), address=("127.0.0.1:0", "127.0.0.1")):
         self.daemons[i] = self.ps.start(

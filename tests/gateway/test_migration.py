@@ -3,11 +3,12 @@ the gateway adds a replica on a server that has them to the kernel's Raft group,
 up, removes the old one, and the waiting cell runs on the new replica with the kernel's state."""
 
 import contextlib
+import os
 import subprocess
 import tempfile
 import time
 
-from cluster import Cluster, KernelSocket, nbos_bin
+from cluster import Cluster, KernelSocket, nbos_bin, split_cluster
 
 HOSTS = 4
 
@@ -46,9 +47,13 @@ def journaled_cluster(*extra):
     """A 4 x 1 GPU `nbos up` with a decision journal. Yields (cluster, kernels, busy): kernels
     started and (kernel id, socket, msg id) of cells still running, both cleaned up at the end;
     then checks that nothing is left running and that the journal replays through `nbos sim`.
-    Puts the journal's text into the yielded cluster's `journal_text` after the exit."""
+    Puts the journal's text into the yielded cluster's `journal_text` after the exit. With
+    NBOS_TEST_NETNS=1 the gateway and each daemon run in a network namespace of their own."""
     journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")
-    c = Cluster(hosts=HOSTS, gpus_per_host=1, extra=("--decision-journal", journal, *extra))
+    if os.environ.get("NBOS_TEST_NETNS") == "1":
+        c = split_cluster(HOSTS, gateway_args=("--decision-journal", journal, *extra))
+    else:
+        c = Cluster(hosts=HOSTS, gpus_per_host=1, extra=("--decision-journal", journal, *extra))
     kernels, busy = [], []
     try:
         yield c, kernels, busy
@@ -78,7 +83,6 @@ def release(c, busy):
 
 def replica_processes(replica_dir_name):
     """Pids whose working directory is a replica directory of that name."""
-    import os
     pids = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
