@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/spawn.h"
 #include "control/cluster_credential.h"
 #include "daemon/daemon.h"
 #include "gateway/gateway.h"
@@ -32,15 +34,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so that WaitForSignal
-// receives them.
+// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it starts, so that
+// WaitForSignal receives them.
 sigset_t BlockStopSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+// The token from the environment, which is then cleared: nothing this process starts (daemons,
+// replicas) inherits it.
+std::string TakeTokenFromEnvironment() {
+  const char* t = std::getenv("NBOS_TOKEN");
+  std::string token = t ? t : "";
+  unsetenv("NBOS_TOKEN");
+  return token;
 }
 
 int WaitForSignal(const sigset_t& set) {
@@ -86,6 +98,8 @@ struct GatewayArgs {
   std::string kubernetes_pod_template;
   std::string kubernetes_namespace;
   double idle_suspend_minutes = 0;
+  bool hub_auth = false;  // --auth jupyterhub
+  auth::HubOptions hub;
 };
 struct DaemonArgs {
   daemon::DaemonOptions options;
@@ -108,6 +122,9 @@ struct UpArgs {
   int rebalance_interval_ms = 0;
   double idle_suspend_minutes = 0;
   std::string token;
+  std::string users_file;
+  int max_kernels_per_user = 0;
+  int max_gpus_per_user = 0;
   std::string log_level = "info";
 };
 
@@ -185,8 +202,13 @@ bool LoadCredential(const std::string& file, const char* command,
 int RunGateway(GatewayArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
   InitLogging(STDERR_FILENO, args.log_level, "gateway");
-  if (args.options.token.empty()) {
-    if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.options.token = t;
+  const std::string env_token = TakeTokenFromEnvironment();
+  if (args.options.token.empty()) args.options.token = env_token;
+  if (args.hub_auth) {
+    if (args.hub.api_url.empty()) {
+      if (const char* url = std::getenv("JUPYTERHUB_API_URL")) args.hub.api_url = url;
+    }
+    args.options.hub = args.hub;
   }
   if (Status s = ConfigureLocalHosts(args, self_path);
       !s.ok() || !(s = ConfigureKubernetesHosts(args)).ok()) {
@@ -202,7 +224,13 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
   }
   std::cout << "gateway: http://" << args.options.address << ":" << (*gw)->port()
             << " control: " << (*gw)->control_address() << std::endl;
-  WaitForSignal(signals);
+  while (WaitForSignal(signals) == SIGHUP) {
+    if (Status s = (*gw)->ReloadUsers(); !s.ok()) {
+      spdlog::error("users file not reloaded (the users already loaded stay): {}", s.message());
+    } else if (!args.options.users_file.empty()) {
+      spdlog::info("users file {} reloaded", args.options.users_file);
+    }
+  }
   (*gw)->Stop();
   return 0;
 }
@@ -227,7 +255,8 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
     return 1;
   }
   std::cout << "daemon " << (*d)->server_id() << ": " << (*d)->address() << std::endl;
-  WaitForSignal(signals);
+  while (WaitForSignal(signals) == SIGHUP) {
+  }
   (*d)->Shutdown();
   return 0;
 }
@@ -237,11 +266,19 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
 struct Child {
   std::string name;
   std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // besides this process's environment
   pid_t pid = -1;
   int restarts = 0;
 };
 
 pid_t Spawn(const Child& c, const std::string& log_path) {
+  std::vector<std::string> environment = BuildEnvironment({c.env});
+  std::vector<char*> envp;
+  for (std::string& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : c.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: default signal mask and handlers, output to its log.
@@ -254,10 +291,7 @@ pid_t Spawn(const Child& c, const std::string& log_path) {
     dup2(fileno(log), STDOUT_FILENO);
     dup2(fileno(log), STDERR_FILENO);
   }
-  std::vector<char*> argv;
-  for (const std::string& a : c.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
+  execve(argv[0], argv.data(), envp.data());
   _exit(127);
 }
 
@@ -374,9 +408,8 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     return 2;
   }
   if (args.state_dir.empty()) args.state_dir = DefaultStateDir();
-  if (args.token.empty()) {
-    if (const char* t = std::getenv("NBOS_TOKEN"); t && *t) args.token = t;
-  }
+  const std::string env_token = TakeTokenFromEnvironment();
+  if (args.token.empty()) args.token = env_token;
   if (args.token.empty()) {
     args.token = NewUuid();
     args.token.erase(std::remove(args.token.begin(), args.token.end(), '-'), args.token.end());
@@ -398,11 +431,18 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   const std::string control = "127.0.0.1:" + std::to_string(FreePort());
 
   std::vector<Child> children;
+  // The token goes by environment: a command line is readable by every process on the machine.
   children.push_back(
       {"gateway",
        {self_path, "gateway", "--port", std::to_string(args.port), "--control-address", control,
-        "--state-dir", args.state_dir + "/gateway", "--token", args.token, "--credential",
-        args.credential, "--log-level", args.log_level}});
+        "--state-dir", args.state_dir + "/gateway", "--credential", args.credential, "--log-level",
+        args.log_level, "--max-kernels-per-user", std::to_string(args.max_kernels_per_user),
+        "--max-gpus-per-user", std::to_string(args.max_gpus_per_user)},
+       {{"NBOS_TOKEN", args.token}}});
+  if (!args.users_file.empty()) {
+    children[0].argv.push_back("--users");
+    children[0].argv.push_back(fs::absolute(args.users_file).string());
+  }
   if (args.rebalance_interval_ms > 0) {
     children[0].argv.push_back("--rebalance-interval-ms");
     children[0].argv.push_back(std::to_string(args.rebalance_interval_ms));
@@ -487,7 +527,10 @@ int RunUp(UpArgs& args, const std::string& self_path) {
       }
     }
   });
-  const int signal_number = WaitForSignal(signals);
+  int signal_number;
+  while ((signal_number = WaitForSignal(signals)) == SIGHUP) {
+    if (children[0].pid > 0) kill(children[0].pid, SIGHUP);  // the gateway re-reads its users
+  }
   stop = true;
   reaper.join();
   std::cerr << "nbos up: " << strsignal(signal_number) << ", stopping\n";
@@ -510,6 +553,22 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "Token clients must send (default: $NBOS_TOKEN)");
   gw->add_flag("--allow-unauthenticated", gw_args->options.allow_unauthenticated,
                "Serve without a token");
+  gw->add_option("--users", gw_args->options.users_file,
+                 "Users file: JSON [{name, token or token_sha256, admin}]; re-read on SIGHUP");
+  gw->add_option_function<std::string>(
+        "--auth", [gw_args](const std::string& mode) { gw_args->hub_auth = mode == "jupyterhub"; },
+        "token (default; the token and users file) or jupyterhub (also JupyterHub API tokens)")
+      ->check(CLI::IsMember({"token", "jupyterhub"}));
+  gw->add_option("--hub-api-url", gw_args->hub.api_url,
+                 "JupyterHub's API URL for --auth jupyterhub (default: $JUPYTERHUB_API_URL)");
+  gw->add_option_function<double>(
+      "--hub-cache-seconds",
+      [gw_args](double s) { gw_args->hub.cache_ms = static_cast<int64_t>(s * 1000); },
+      "How long a token JupyterHub vouched for is trusted without asking again (default 60)");
+  gw->add_option("--max-kernels-per-user", gw_args->options.max_kernels_per_user,
+                 "Kernels a user who is not an admin may have at once (0: no limit)");
+  gw->add_option("--max-gpus-per-user", gw_args->options.max_gpus_per_user,
+                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
   gw->add_option("--state-dir", gw_args->options.state_dir, "Where gateway.db lives")->required();
   gw->add_option("--replicas", gw_args->options.replicas, "Replicas per kernel")
       ->capture_default_str();
@@ -623,7 +682,14 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                  "Blob store of the servers: dir:///path (one machine; default "
                  "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL "
                  "(credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)");
-  up->add_option("--token", up_args->token, "Client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--token", up_args->token,
+                 "The admin's client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--users", up_args->users_file,
+                 "Users file for the gateway (nbos gateway --users); SIGHUP re-reads it");
+  up->add_option("--max-kernels-per-user", up_args->max_kernels_per_user,
+                 "Kernels a user who is not an admin may have at once (0: no limit)");
+  up->add_option("--max-gpus-per-user", up_args->max_gpus_per_user,
+                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
   up->add_option("--credential", up_args->credential,
                  "Cluster credential of gateway and daemons (default STATE/cluster.credential, "
                  "created when missing)");

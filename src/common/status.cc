@@ -11,6 +11,8 @@ const char* CodeName(StatusCode code) {
       return "INVALID_ARGUMENT";
     case StatusCode::kUnauthenticated:
       return "UNAUTHENTICATED";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
     case StatusCode::kNotFound:
       return "NOT_FOUND";
     case StatusCode::kResourceExhausted:

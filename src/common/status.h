@@ -15,8 +15,9 @@ namespace nbos {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,  // the caller sent something malformed
-  kUnauthenticated,  // a signature or token did not match
+  kInvalidArgument,   // the caller sent something malformed
+  kUnauthenticated,   // a signature or token did not match
+  kPermissionDenied,  // a known caller may not do this (another user's kernel, a quota)
   kNotFound,
   kResourceExhausted,  // over a size or count limit
   kUnavailable,        // a peer or store cannot be reached now
@@ -44,6 +45,9 @@ inline Status InvalidArgument(std::string m) {
 }
 inline Status Unauthenticated(std::string m) {
   return {StatusCode::kUnauthenticated, std::move(m)};
+}
+inline Status PermissionDenied(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
 }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) {

@@ -15,6 +15,9 @@ grpc::Status ToGrpcStatus(const Status& status) {
     case StatusCode::kUnauthenticated:
       code = grpc::StatusCode::UNAUTHENTICATED;
       break;
+    case StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::PERMISSION_DENIED;
+      break;
     case StatusCode::kNotFound:
       code = grpc::StatusCode::NOT_FOUND;
       break;

@@ -48,6 +48,7 @@ struct Gateway::Impl {
   EdgeCounters counters;
   std::unique_ptr<KernelManager> kernels;
   std::unique_ptr<ControlPlane> control;
+  std::unique_ptr<auth::GatewayAuthenticator> auth;
   std::unique_ptr<HttpApi> api;
   http::Server http;
 
@@ -178,6 +179,8 @@ struct Gateway::Impl {
     ko.limits.max_message_bytes = options.max_message_bytes;
     ko.server_timeout = std::chrono::milliseconds(options.server_timeout_ms);
     ko.kernel_start_timeout = std::chrono::milliseconds(options.kernel_start_timeout_ms);
+    ko.max_kernels_per_user = options.max_kernels_per_user;
+    ko.max_gpus_per_user = options.max_gpus_per_user;
     kernels =
         std::make_unique<KernelManager>(ko, registry.get(), store.get(), planner.get(), &counters);
     if (Status s = kernels->Restore(); !s.ok()) return s;
@@ -201,8 +204,12 @@ struct Gateway::Impl {
         registry->NoteScaleOut(*added, "the cluster's first servers", /*scale_out=*/false);
       }
     }
+    auto authenticator = auth::GatewayAuthenticator::Create(
+        {.token = options.token, .users_file = options.users_file, .hub = options.hub});
+    if (!authenticator.ok()) return authenticator.status();
+    auth = std::move(*authenticator);
     HttpApiOptions ho;
-    ho.token = options.token;
+    ho.auth = auth.get();
     ho.kernelspec_name = options.kernelspec_name;
     ho.display_name = options.display_name;
     ho.replicas = options.replicas;
@@ -242,8 +249,12 @@ struct Gateway::Impl {
 
 Result<std::unique_ptr<Gateway>> Gateway::Start(GatewayOptions options) {
   if (options.state_dir.empty()) return InvalidArgument("the gateway needs a state directory");
-  if (options.token.empty() && !options.allow_unauthenticated)
-    return InvalidArgument("the gateway needs a token (or explicitly allow unauthenticated use)");
+  if (options.token.empty() && options.users_file.empty() && !options.hub &&
+      !options.allow_unauthenticated) {
+    return InvalidArgument(
+        "the gateway needs a token, a users file or JupyterHub (or explicitly allow "
+        "unauthenticated use)");
+  }
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir, ec);
   if (ec) return Unavailable("creating " + options.state_dir + ": " + ec.message());
@@ -260,6 +271,7 @@ Gateway::~Gateway() { Stop(); }
 
 uint16_t Gateway::port() const { return impl_->http.port(); }
 std::string Gateway::control_address() const { return impl_->control->address(); }
+Status Gateway::ReloadUsers() { return impl_->auth->ReloadUsers(); }
 
 void Gateway::Stop() {
   {

@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "auth/hub_identity.h"
 #include "common/status.h"
 #include "control/cluster_credential.h"
 #include "sched/resources.h"
@@ -27,9 +29,16 @@ struct GatewayOptions {
   std::string control_address = "127.0.0.1:0";  // Gateway gRPC service (daemons register here)
   // TLS and the cluster token between gateway and daemons; null: plaintext (a warning).
   std::shared_ptr<const control::ClusterCredential> credential;
-  // Required unless allow_unauthenticated: clients send `Authorization: token T` or `?token=T`.
+  // Who may call (auth/authenticator.h): the gateway's own token (its holder is an admin), a
+  // users file, JupyterHub. One of them is required unless allow_unauthenticated. Clients send
+  // `Authorization: token T` or `?token=T`.
   std::string token;
+  std::string users_file;
+  std::optional<auth::HubOptions> hub;
   bool allow_unauthenticated = false;
+  // Per-user quotas for users who are not admins (kernel_manager.h); 0: none.
+  int max_kernels_per_user = 0;
+  int max_gpus_per_user = 0;
   std::string state_dir;  // required: gateway.db lives here
   std::string kernelspec_name = "nbos";
   std::string display_name = "Python 3 (nbos, replicated)";
@@ -77,6 +86,8 @@ class Gateway {
 
   uint16_t port() const;
   std::string control_address() const;  // "host:port" of the Gateway gRPC service
+  // Re-reads the users file (SIGHUP); on error the users already loaded stay.
+  Status ReloadUsers();
   // Stops serving; kernels keep running under their daemons (a restarted gateway finds them).
   void Stop();
 

@@ -151,20 +151,19 @@ http::Response HttpApi::Refuse(const Status& s) {
   return Refuse(code, s.message());
 }
 
-Status HttpApi::Authenticate(const http::Request& req) const {
-  if (options_.token.empty()) return Status::Ok();
-  const std::string& header = req.Header("authorization");
-  for (const char* scheme : {"token ", "Token ", "Bearer ", "bearer "}) {
-    const size_t n = std::strlen(scheme);
-    if (header.size() > n && header.compare(0, n, scheme) == 0 &&
-        header.substr(n) == options_.token)
-      return Status::Ok();
-  }
-  auto q = req.query.find("token");
-  if (q != req.query.end() && q->second == options_.token) return Status::Ok();
-  return Unauthenticated(header.empty() && q == req.query.end()
-                             ? "this gateway requires a token (Authorization: token T)"
-                             : "invalid token");
+namespace {
+
+// Kernels of other users are answered as if they did not exist.
+bool VisibleTo(const http::Identity& who, const KernelRecord& k) {
+  return who.admin || k.meta.owner == who.user;
+}
+
+}  // namespace
+
+std::optional<KernelRecord> HttpApi::VisibleKernel(const http::Request& r) const {
+  auto k = registry_->FindKernel(r.params.at("kernel_id"));
+  if (!k || !VisibleTo(r.identity, *k)) return std::nullopt;
+  return k;
 }
 
 Json HttpApi::KernelspecModel() const {
@@ -175,7 +174,7 @@ Json HttpApi::KernelspecModel() const {
 }
 
 void HttpApi::Install(http::Server* http) {
-  http->SetAuthenticator([this](const http::Request& r) { return Authenticate(r); });
+  http->SetAuthenticator([this](const http::Request& r) { return options_.auth->Authenticate(r); });
   http->Route("GET", "/api",
               [](const http::Request&) {
                 return JsonResponse(200, Json{{"version", kVersion}, {"server", "nbos"}});
@@ -194,29 +193,31 @@ void HttpApi::Install(http::Server* http) {
   http->Route("GET", "/kernelspecs/{name}/{file}", [this](const http::Request& r) {
     return Refuse(404, "no resource " + r.params.at("file"));
   });
-  http->Route("GET", "/api/kernels", [this](const http::Request&) {
+  http->Route("GET", "/api/kernels", [this](const http::Request& r) {
     Json list = Json::array();
     for (const KernelRecord& k : registry_->Kernels())
-      if (k.session) list.push_back(KernelModel(k));
+      if (k.session && VisibleTo(r.identity, k)) list.push_back(KernelModel(k));
     return JsonResponse(200, list);
   });
   http->Route("POST", "/api/kernels", [this](const http::Request& r) { return PostKernel(r); });
   http->Route("GET", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
-    auto k = registry_->FindKernel(r.params.at("kernel_id"));
+    auto k = VisibleKernel(r);
     if (!k || !k->session) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
     return JsonResponse(200, KernelModel(*k));
   });
   http->Route("DELETE", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
+    if (!VisibleKernel(r)) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
     Status s = kernels_->Delete(r.params.at("kernel_id"));
     return s.ok() ? NoContent() : Refuse(s);
   });
   http->Route("POST", "/api/kernels/{kernel_id}/interrupt", [this](const http::Request& r) {
-    auto k = registry_->FindKernel(r.params.at("kernel_id"));
+    auto k = VisibleKernel(r);
     if (!k || !k->session) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
     k->session->Interrupt();
     return NoContent();
   });
   http->Route("POST", "/api/kernels/{kernel_id}/restart", [this](const http::Request& r) {
+    if (!VisibleKernel(r)) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
     auto k = kernels_->Restart(r.params.at("kernel_id"));
     if (!k.ok()) return Refuse(k.status());
     return JsonResponse(200, KernelModel(*k));
@@ -232,8 +233,9 @@ void HttpApi::Install(http::Server* http) {
               [this](const http::Request& r) { return PostMigrate(r); });
   http->Route("POST", "/api/nbos/servers/{server_id}/drain",
               [this](const http::Request& r) { return PostDrain(r); });
-  http->Route("GET", "/api/nbos/cluster",
-              [this](const http::Request&) { return JsonResponse(200, ClusterJson()); });
+  http->Route("GET", "/api/nbos/cluster", [this](const http::Request& r) {
+    return JsonResponse(200, ClusterJson(r.identity));
+  });
   http->Route("GET", "/metrics", [this](const http::Request&) {
     http::Response resp;
     resp.content_type = "text/plain; version=0.0.4";
@@ -269,6 +271,7 @@ http::Response HttpApi::PostMigrate(const http::Request& r) {
     to_server_id = it->get<std::string>();
   }
   const std::string& kernel_id = r.params.at("kernel_id");
+  if (!VisibleKernel(r)) return Refuse(404, "no kernel " + kernel_id);
   auto plan = registry_->RequestMove(kernel_id, replica_id, to_server_id);
   if (!plan.ok()) {
     return plan.status().code() == StatusCode::kUnavailable ? Refuse(409, plan.status().message())
@@ -284,6 +287,7 @@ http::Response HttpApi::PostMigrate(const http::Request& r) {
 // POST /api/nbos/servers/{id}/drain: the monitor moves the server's replicas off.
 http::Response HttpApi::PostDrain(const http::Request& r) {
   const std::string& server_id = r.params.at("server_id");
+  if (!r.identity.admin) return Refuse(403, "only an admin may drain a server");
   auto held = registry_->DrainServer(server_id);
   if (!held.ok()) return Refuse(held.status());
   return JsonResponse(
@@ -313,14 +317,17 @@ http::Response HttpApi::PostKernel(const http::Request& r) {
       env[key] = value.get<std::string>();
     }
   }
-  auto k = kernels_->Create(name, env);
+  auto k = kernels_->Create(name, env, {r.identity.user, r.identity.admin});
   if (!k.ok()) {
     const Status& s = k.status();
     const bool bad = s.code() == StatusCode::kInvalidArgument;
-    http::Response resp = Refuse(bad ? 400 : 503, s.message());
-    resp.body =
-        Json{{"message", s.message()}, {"reason", bad ? "bad request" : "unavailable"}}.dump(
-            -1, ' ', false, Json::error_handler_t::replace);
+    const bool quota = s.code() == StatusCode::kPermissionDenied;
+    http::Response resp = Refuse(bad ? 400 : quota ? 403 : 503, s.message());
+    resp.body = Json{{"message", s.message()},
+                     {"reason", bad     ? "bad request"
+                                : quota ? "quota"
+                                        : "unavailable"}}
+                    .dump(-1, ' ', false, Json::error_handler_t::replace);
     return resp;
   }
   return JsonResponse(201, KernelModel(*k));
@@ -328,7 +335,7 @@ http::Response HttpApi::PostKernel(const http::Request& r) {
 
 Result<std::shared_ptr<http::WsHandler>> HttpApi::OpenChannels(
     const http::Request& r, std::shared_ptr<http::WsConnection> conn) {
-  auto k = registry_->FindKernel(r.params.at("kernel_id"));
+  auto k = VisibleKernel(r);
   if (!k || !k->session) return NotFound("no kernel " + r.params.at("kernel_id"));
   return std::shared_ptr<http::WsHandler>(std::make_shared<Channels>(k->session, conn));
 }
@@ -398,6 +405,7 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
   Json migration = MigrationJson(k, &replicas);
   return Json{{"id", k.meta.kernel_id},
               {"name", k.meta.kernelspec},
+              {"owner", k.meta.owner},
               {"resources", ResourcesJson(k.request)},
               {"executor", executor},
               {"execution_state", k.session ? k.session->execution_state() : "starting"},
@@ -453,7 +461,7 @@ void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* regist
 
 }  // namespace
 
-Json HttpApi::ClusterJson() const {
+Json HttpApi::ClusterJson(const http::Identity& viewer) const {
   const RegistrySnapshot snap = registry_->Snapshot();
   Json out{{"servers", Json::array()}, {"kernels", Json::array()}};
   ReplicaStatuses statuses;
@@ -468,7 +476,9 @@ Json HttpApi::ClusterJson() const {
                            {"durations_ms", snap.counters.migration_ms},
                            {"replacements_done", snap.counters.replacements_done},
                            {"replacement_ms", snap.counters.replacement_ms}};
-  for (const KernelRecord& k : snap.kernels) out["kernels"].push_back(KernelJson(k, statuses));
+  for (const KernelRecord& k : snap.kernels) {
+    if (VisibleTo(viewer, k)) out["kernels"].push_back(KernelJson(k, statuses));
+  }
   out["pending_servers"] = snap.pending_servers;
   out["suspensions"] = Json{{"suspended", snap.counters.suspensions},
                             {"resumed", snap.counters.resumes},

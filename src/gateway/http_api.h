@@ -11,6 +11,11 @@
 // naming the field; unknown kernels and kernelspecs 404; a start no server can take 503. Each
 // such refusal counts in nbos_rest_requests_rejected_total. WebSocket frames go to the kernel's
 // session unread: it validates them (client_validation.h).
+//
+// Users (auth/authenticator.h): a kernel belongs to the user who started it. Other users do not
+// see it in /api/kernels or /api/nbos/cluster and get 404 for its routes and WebSocket, as if it
+// did not exist; admins see and manage every kernel. Draining a server is for admins only (403).
+// A start over the user's quota answers 403 naming the quota.
 #pragma once
 
 #include <memory>
@@ -18,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "auth/authenticator.h"
 #include "gateway/edge_counters.h"
 #include "gateway/kernel_manager.h"
 #include "gateway/migrator.h"
@@ -27,7 +33,7 @@
 namespace nbos::gateway {
 
 struct HttpApiOptions {
-  std::string token;  // empty: no authentication
+  auth::GatewayAuthenticator* auth = nullptr;  // required
   std::string kernelspec_name = "nbos";
   std::string display_name;
   int replicas = 3;
@@ -46,7 +52,8 @@ class HttpApi {
   void Install(http::Server* server);
 
  private:
-  Status Authenticate(const http::Request& req) const;
+  // The kernel named by the route's {kernel_id} when the caller may use it.
+  std::optional<KernelRecord> VisibleKernel(const http::Request& r) const;
   http::Response PostKernel(const http::Request& r);
   http::Response PostMigrate(const http::Request& r);
   http::Response PostDrain(const http::Request& r);
@@ -55,7 +62,7 @@ class HttpApi {
   http::Response Refuse(int status, const std::string& message);
   http::Response Refuse(const Status& s);
   jupyter::Json KernelspecModel() const;
-  jupyter::Json ClusterJson() const;
+  jupyter::Json ClusterJson(const http::Identity& viewer) const;
   std::string Metrics() const;
   Result<std::shared_ptr<http::WsHandler>> OpenChannels(const http::Request& r,
                                                         std::shared_ptr<http::WsConnection> conn);

@@ -208,8 +208,31 @@ Status KernelManager::AwaitReplicas(const KernelRecord& k) {
                                   });
 }
 
+Status KernelManager::CheckQuota(const KernelStarter& starter,
+                                 const sched::Resources& request) const {
+  if (starter.admin) return Status::Ok();
+  int kernels = 0, gpus = 0;
+  for (const KernelRecord& k : registry_->Kernels()) {
+    if (k.meta.owner != starter.user) continue;
+    ++kernels;
+    gpus += k.request.gpus;
+  }
+  const int max_kernels = options_.max_kernels_per_user, max_gpus = options_.max_gpus_per_user;
+  if (max_kernels > 0 && kernels + 1 > max_kernels) {
+    return PermissionDenied(fmt::format("quota: {} has {} of {} kernels; shut one down first",
+                                        starter.user, kernels, max_kernels));
+  }
+  if (max_gpus > 0 && gpus + request.gpus > max_gpus) {
+    return PermissionDenied(
+        fmt::format("quota: {}'s kernels hold {} of {} GPUs, and this one asks for {} more",
+                    starter.user, gpus, max_gpus, request.gpus));
+  }
+  return Status::Ok();
+}
+
 Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
-                                           const std::map<std::string, std::string>& env) {
+                                           const std::map<std::string, std::string>& env,
+                                           const KernelStarter& starter) {
   auto request = ResourcesFromEnv(env, options_.default_request);
   if (!request.ok()) return request.status();
   KernelRecord k;
@@ -221,10 +244,14 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
   k.meta.resources = ResourcesJson(k.request);
   k.meta.created = NowIsoUtc();
   k.meta.env = env;
+  k.meta.owner = starter.user;
   const std::string id = k.meta.kernel_id;
   const std::shared_ptr<Mutex> op_mu = k.op_mu;
   MutexLock op(op_mu.get());
+  MutexLock quota(&quota_mu_);
+  if (Status s = CheckQuota(starter, *request); !s.ok()) return s;
   auto server_ids = registry_->PlaceKernel(std::move(k), options_.replicas);
+  quota.Unlock();
   if (!server_ids.ok()) return server_ids.status();
   Status s = LaunchReplicas(id, *server_ids);
   // Nobody else removes it: deletes and restarts wait for the operation lock held here.

@@ -25,6 +25,16 @@ struct KernelManagerOptions {
   ClientLimits limits;
   std::chrono::milliseconds server_timeout{5000};  // how long to wait for a server to register
   std::chrono::milliseconds kernel_start_timeout{60000};
+  // Per-user limits, for users who are not admins (0: none): kernels at once, and GPUs their
+  // kernels subscribe at once (KERNEL_GPUS summed; what a user's cells can hold at one time).
+  int max_kernels_per_user = 0;
+  int max_gpus_per_user = 0;
+};
+
+// Who starts a kernel: it becomes the kernel's owner; admins are not held to user quotas.
+struct KernelStarter {
+  std::string user;
+  bool admin = false;
 };
 
 // Per-replica resources from a kernel start request's environment: KERNEL_GPUS (whole GPUs),
@@ -39,11 +49,13 @@ class KernelManager {
                 Planner* planner, EdgeCounters* counters);
   ~KernelManager();
 
-  // Starts a kernel of `kernelspec` whose replicas get `env`. Errors: InvalidArgument (a bad
-  // KERNEL_* value, a request no server could ever meet), ResourceExhausted / Unavailable (no
-  // servers now, a replica that did not start).
+  // Starts a kernel of `kernelspec` whose replicas get `env`, owned by `starter`. Errors:
+  // InvalidArgument (a bad KERNEL_* value, a request no server could ever meet), PermissionDenied
+  // (over the user's quota), ResourceExhausted / Unavailable (no servers now, a replica that did
+  // not start).
   Result<KernelRecord> Create(const std::string& kernelspec,
-                              const std::map<std::string, std::string>& env);
+                              const std::map<std::string, std::string>& env,
+                              const KernelStarter& starter = {});
   // NotFound for an unknown kernel.
   Status Delete(const std::string& kernel_id);
   Result<KernelRecord> Restart(const std::string& kernel_id);
@@ -69,12 +81,16 @@ class KernelManager {
   Status AwaitReplicas(const KernelRecord& k);
   void OnShutdownRequested(const std::string& kernel_id, bool restart);
   Status LinkResumedReplicas(const std::string& kernel_id);
+  Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;
   Registry* registry_;
   MetadataStore* store_;
   Planner* planner_;
   EdgeCounters* counters_;
+  // Held from a start's quota check until its kernel is in the registry, so that two starts of
+  // one user cannot both pass the check.
+  Mutex quota_mu_;
   // Restarts and deletes that clients ask for with shutdown_request, off their session threads.
   KeyedWorkQueue chores_{2, "kernel-chores"};
 };

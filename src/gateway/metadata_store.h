@@ -36,6 +36,9 @@ struct StoredKernel {
   // no replicas) and kept after it resumes, for replicas that join its group before the group's
   // first Raft snapshot. Empty: a kernel that was never suspended.
   std::string checkpoint;
+  // The user who started the kernel (http::Identity::user); only they and admins may use it.
+  // Empty: started by an unnamed caller, or recorded before kernels had owners.
+  std::string owner;
 };
 
 class MetadataStore {

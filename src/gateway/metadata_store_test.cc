@@ -23,6 +23,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
                    {{1, "host-1", "127.0.0.1:4000", "{}"}, {2, "host-2", "127.0.0.1:4002", "{}"}}};
     k.env = {{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}};
     k.checkpoint = "c0ffee";
+    k.owner = "alice";
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -43,9 +44,10 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   EXPECT_EQ(k.env,
             (std::map<std::string, std::string>{{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}}));
   EXPECT_EQ(k.checkpoint, "c0ffee");
+  EXPECT_EQ(k.owner, "alice");
 }
 
-TEST(MetadataStoreTest, DatabaseWithoutTheEnvAndCheckpointColumnsIsUpgraded) {
+TEST(MetadataStoreTest, DatabaseWithoutTheEnvCheckpointAndOwnerColumnsIsUpgraded) {
   store::ScopedTempDir dir;
   const std::string path = (dir.path() / "gateway.db").string();
   {
@@ -66,6 +68,7 @@ TEST(MetadataStoreTest, DatabaseWithoutTheEnvAndCheckpointColumnsIsUpgraded) {
   fresh.kernel_id = "new";
   fresh.created = "2026-01-02T00:00:00.000000Z";
   fresh.env = {{"KERNEL_X", "1"}};
+  fresh.owner = "bob";
   ASSERT_TRUE((*db)->Put(fresh).ok());
   auto kernels = (*db)->List();
   ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
@@ -73,7 +76,9 @@ TEST(MetadataStoreTest, DatabaseWithoutTheEnvAndCheckpointColumnsIsUpgraded) {
   EXPECT_EQ((*kernels)[0].kernel_id, "old");
   EXPECT_TRUE((*kernels)[0].env.empty());
   EXPECT_TRUE((*kernels)[0].checkpoint.empty());
+  EXPECT_TRUE((*kernels)[0].owner.empty());
   EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
+  EXPECT_EQ((*kernels)[1].owner, "bob");
 }
 
 TEST(MetadataStoreTest, UnopenablePathIsAClearError) {

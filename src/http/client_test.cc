@@ -36,9 +36,9 @@ class Echo final : public WsHandler {
 class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_.SetAuthenticator([](const Request& r) {
-      return r.Header("authorization") == "token secret" ? Status::Ok()
-                                                         : Unauthenticated("bad token");
+    server_.SetAuthenticator([](const Request& r) -> Result<Identity> {
+      if (r.Header("authorization") == "token secret") return Identity{"u", false};
+      return Unauthenticated("bad token");
     });
     server_.Route("GET", "/hello", [](const Request& r) {
       Response res;

@@ -162,11 +162,18 @@ struct Shared {
   bool Register(const std::shared_ptr<SessionBase>& session);
   void Unregister(uint64_t id);
 
-  Status Authenticate(const Request& req, const RouteOptions& route_options) const {
+  // Sets req.identity; a refusal is Unauthenticated, or Unavailable when the authenticator
+  // could not decide now.
+  Status Authenticate(Request& req, const RouteOptions& route_options) const {
     if (route_options.public_route || !authenticator) return Status::Ok();
-    Status st = authenticator(req);
-    if (st.ok()) return st;
-    return Unauthenticated(st.message().empty() ? "forbidden" : st.message());
+    Result<Identity> who = authenticator(req);
+    if (who.ok()) {
+      req.identity = std::move(*who);
+      return Status::Ok();
+    }
+    const std::string& message = who.status().message();
+    if (who.status().code() == StatusCode::kUnavailable) return who.status();
+    return Unauthenticated(message.empty() ? "forbidden" : message);
   }
 
   const WsRoute* MatchWs(const std::vector<std::string>& segments,
@@ -189,9 +196,7 @@ struct Shared {
       }
       req.params = std::move(params);
       try {
-        if (Status st = Authenticate(req, route.options); !st.ok()) {
-          return ErrorResponse(403, st.message());
-        }
+        if (Status st = Authenticate(req, route.options); !st.ok()) return ErrorResponse(st);
         return route.handler(req);
       } catch (const std::exception& e) {
         spdlog::warn("http: {} {} failed: {}", req.method, req.path, e.what());
@@ -413,9 +418,7 @@ class WsSession final : public SessionBase {
 
   // Answers the upgrade request with an HTTP error and closes.
   void Refuse(const Status& status) {
-    // The authenticator's refusal is always 403, like plain routes.
-    int code = status.code() == StatusCode::kUnauthenticated ? 403 : HttpStatusFor(status);
-    refusal_.emplace(ToBeastResponse(ErrorResponse(code, status.message()), upgrade_.version(),
+    refusal_.emplace(ToBeastResponse(ErrorResponse(status), upgrade_.version(),
                                      /*keep_alive=*/false));
     auto& stream = beast::get_lowest_layer(ws_);
     stream.expires_after(shared_->options.read_timeout);
@@ -565,7 +568,7 @@ class WsSession final : public SessionBase {
 
   websocket::stream<beast::tcp_stream> ws_;
   BeastRequest upgrade_;
-  const Request request_;
+  Request request_;  // identity set by MakeHandler, on the handler pool, before the factory runs
   const WsRoute* const route_;
   const std::shared_ptr<WsConnImpl> conn_;
   std::shared_ptr<WsHandler> handler_;
@@ -800,9 +803,12 @@ int HttpStatusFor(const Status& status) {
     case StatusCode::kNotFound:
       return 404;
     case StatusCode::kUnauthenticated:
+    case StatusCode::kPermissionDenied:
       return 403;
     case StatusCode::kInvalidArgument:
       return 400;
+    case StatusCode::kUnavailable:
+      return 503;
     default:
       return 500;
   }

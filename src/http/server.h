@@ -26,6 +26,12 @@ namespace nbos::http {
 // The Jupyter kernel WebSocket subprotocol; the default one a WebSocket route offers.
 inline constexpr std::string_view kJupyterKernelSubprotocol = "v1.kernel.websocket.jupyter.org";
 
+// Who sent a request, as the authenticator found it.
+struct Identity {
+  std::string user;    // "" on public routes, without an authenticator, or for an unnamed caller
+  bool admin = false;  // may see and manage what belongs to other users
+};
+
 struct Request {
   std::string method;                          // as sent, e.g. "GET"
   std::string target;                          // the request-target as sent, query included
@@ -35,6 +41,7 @@ struct Request {
   std::map<std::string, std::string> headers;  // lower-case names; repeats joined by ", "
   std::string body;
   std::string remote;  // peer "address:port"
+  Identity identity;   // set from the authenticator's answer before the handler runs
 
   // The header's value, or "" when absent. `name` must be lower-case.
   const std::string& Header(const std::string& name) const;
@@ -49,8 +56,8 @@ struct Response {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
-// The HTTP status a refused request gets: NotFound 404, Unauthenticated 403, InvalidArgument
-// 400, anything else 500.
+// The HTTP status a refused request gets: NotFound 404, Unauthenticated and PermissionDenied
+// 403, InvalidArgument 400, Unavailable 503, anything else 500.
 int HttpStatusFor(const Status& status);
 // A JSON error body {"message": message} with `status`.
 Response ErrorResponse(int status, std::string_view message);
@@ -98,9 +105,10 @@ class WsHandler {
 using WsFactory = std::function<Result<std::shared_ptr<WsHandler>>(
     const Request& upgrade_request, std::shared_ptr<WsConnection> conn)>;
 
-// Checks a request before its handler or factory runs; a non-OK Status answers 403 with a JSON
-// body {"message": status.message()}.
-using Authenticator = std::function<Status(const Request&)>;
+// Checks a request before its handler or factory runs and says who sent it (Request::identity).
+// A refusal answers with a JSON body {"message": status.message()}: 503 for Unavailable (the
+// authenticator could not decide now), 403 for anything else.
+using Authenticator = std::function<Result<Identity>(const Request&)>;
 
 struct RouteOptions {
   // Skips the authenticator (health checks, the login page).

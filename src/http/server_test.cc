@@ -238,11 +238,17 @@ class ServerTest : public ::testing::Test {
     server_.Route(
         "GET", "/api/status", [](const Request&) { return Response{.body = "{}"}; },
         RouteOptions{.public_route = true});
-    server_.SetAuthenticator([](const Request& req) {
-      if (req.Header("authorization") == "token secret") return Status::Ok();
+    server_.SetAuthenticator([](const Request& req) -> Result<Identity> {
+      if (req.Header("authorization") == "token secret") return Identity{"header-user", false};
       auto it = req.query.find("token");
-      if (it != req.query.end() && it->second == "secret") return Status::Ok();
+      if (it != req.query.end() && it->second == "secret") return Identity{"query-user", true};
+      if (req.Header("authorization") == "token undecided") return Unavailable("ask again");
       return Unauthenticated("missing or bad token");
+    });
+    server_.Route("GET", "/api/whoami", [](const Request& req) {
+      return Response{
+          .body =
+              nlohmann::json{{"user", req.identity.user}, {"admin", req.identity.admin}}.dump()};
     });
     server_.WebSocket(
         "/api/kernels/{kernel_id}/channels",
@@ -342,6 +348,21 @@ TEST_F(ServerTest, AuthenticatorGuardsAllButPublicRoutes) {
   r = RefusedUpgrade(server_.port(), "/api/kernels/k1/channels");
   EXPECT_EQ(r.status, 403);
   EXPECT_EQ(r.Json()["message"], "missing or bad token");
+}
+
+TEST_F(ServerTest, HandlersSeeWhoTheAuthenticatorSaysSentTheRequest) {
+  Start();
+  HttpResult r = Call(server_.port(), "GET", "/api/whoami", "", kAuth);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.Json()["user"], "header-user");
+  EXPECT_EQ(r.Json()["admin"], false);
+  r = Call(server_.port(), "GET", "/api/whoami?token=secret");
+  EXPECT_EQ(r.Json()["user"], "query-user");
+  EXPECT_EQ(r.Json()["admin"], true);
+  // An authenticator that cannot decide now (its identity service is down) answers 503.
+  r = Call(server_.port(), "GET", "/api/whoami", "", {{"Authorization", "token undecided"}});
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.Json()["message"], "ask again");
 }
 
 TEST_F(ServerTest, WebSocketFactoryRefusalMapsToHttpStatus) {
@@ -699,7 +720,9 @@ TEST(ErrorResponseTest, MapsStatusCodes) {
   EXPECT_EQ(HttpStatusFor(NotFound("x")), 404);
   EXPECT_EQ(HttpStatusFor(Unauthenticated("x")), 403);
   EXPECT_EQ(HttpStatusFor(InvalidArgument("x")), 400);
-  EXPECT_EQ(HttpStatusFor(Unavailable("x")), 500);
+  EXPECT_EQ(HttpStatusFor(Unavailable("x")), 503);
+  EXPECT_EQ(HttpStatusFor(PermissionDenied("x")), 403);
+  EXPECT_EQ(HttpStatusFor(Internal("x")), 500);
   Response r = ErrorResponse(NotFound("no such kernel"));
   EXPECT_EQ(r.status, 404);
   EXPECT_EQ(json::parse(r.body), (json{{"message", "no such kernel"}}));

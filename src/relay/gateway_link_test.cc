@@ -23,9 +23,9 @@ using namespace std::chrono_literals;
 class FakeGateway {
  public:
   FakeGateway() {
-    server_.SetAuthenticator([](const http::Request& r) {
-      return r.Header("authorization") == "token good" ? Status::Ok()
-                                                       : Unauthenticated("bad token");
+    server_.SetAuthenticator([](const http::Request& r) -> Result<http::Identity> {
+      if (r.Header("authorization") == "token good") return http::Identity{"u", false};
+      return Unauthenticated("bad token");
     });
     server_.Route("POST", "/api/kernels", [this](const http::Request& r) {
       std::lock_guard lock(mu_);
