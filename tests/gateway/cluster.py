@@ -38,6 +38,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+def processes_under(path):
+    """(pid, command line) of each process whose command line names `path` or whose working
+    directory is (or is under) it."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if path in cmd or cwd.startswith(path):
+            out.append((int(pid), cmd))
+    return out
+
+
 class ClusterApi:
     """What tests ask of any cluster: its gateway's REST API (`url`, `token`) and the processes
     of it still alive (`state_dir` is in their command line or holds their working directory)."""
@@ -58,19 +76,7 @@ class ClusterApi:
 
     def nbos_processes(self):
         """Processes of this cluster (warm replica processes included)."""
-        out = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if self.state_dir in cmd or cwd.startswith(self.state_dir):
-                out.append((int(pid), cmd))
-        return out
+        return processes_under(self.state_dir)
 
 
 class Cluster(ClusterApi):

@@ -4,17 +4,16 @@ users, alice and bob, each get a single-user Jupyter server that uses nbos throu
 (`--auth jupyterhub`) asks the Hub whose each token is: each user starts a kernel and runs a cell
 through their own server, and neither sees the other's kernel."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gateway"))
-from cluster import KernelSocket, SplitCluster, free_port, rest_call  # noqa: E402
+from cluster import (KernelSocket, SplitCluster, free_port, processes_under,  # noqa: E402
+                     rest_call)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PROXY = os.path.join(ROOT, ".cache", "npm", "node_modules", ".bin", "configurable-http-proxy")
@@ -91,30 +90,15 @@ def user_with_server(url, name):
 
 
 def stop_process_group(proc):
+    """The Hub first asked to stop (it stops its users' servers and its proxy), then killed."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
-            break
+            return
         os.killpg(proc.pid, sig)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             continue
-    leftovers = subprocess.run(["pkill", "-KILL", "-g", str(proc.pid)], check=False)
-    return leftovers
-
-
-def left_running(work):
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if work in cmd or cwd.startswith(work):
-            out.append((pid, cmd))
-    return out
 
 
 def test_two_hub_users_run_cells_through_nbos_and_see_only_their_own_kernels():
@@ -155,6 +139,6 @@ def test_two_hub_users_run_cells_through_nbos_and_see_only_their_own_kernels():
         if hub is not None:
             stop_process_group(hub)
         c.close()
-        for pid, _ in left_running(work):
-            os.kill(int(pid), signal.SIGKILL)
-    assert not left_running(work)
+        for pid, _ in processes_under(work):
+            os.kill(pid, signal.SIGKILL)
+    assert not processes_under(work)
