@@ -1,10 +1,13 @@
 #!/usr/bin/python3
 """Kernel start latency at the gateway (POST /api/kernels until the kernel's three replicas all
-answer kernel_info) on `nbos up`, cold versus from the daemons' warm pools, in the same run.
+answer kernel_info) on `nbos up`, cold versus from the daemons' warm pools, each with and without
+the replica sandbox, in the same run.
 
   cold   nbos up --warm-pool 0: every replica is a fresh `nbos replica` process
   warm   nbos up --warm-pool 1: replicas are promoted pre-started processes (the pools are
          given time to refill between starts, so each start finds one per server)
+  sandbox on: bubblewrap, a user id per kernel and a cgroup per replica (as root);
+  sandbox off: replicas run as the daemon runs (the baseline)
 
 Each start is followed by a DELETE; both clusters are stopped at the end and checked for
 leftover processes. Run from the repository root:
@@ -29,8 +32,9 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def measure(Cluster, warm_pool, starts):
-    c = Cluster(hosts=3, gpus_per_host=1, extra=("--warm-pool", str(warm_pool)))
+def measure(Cluster, warm_pool, starts, sandbox):
+    c = Cluster(hosts=3, gpus_per_host=1,
+                extra=("--warm-pool", str(warm_pool), "--sandbox", sandbox))
     times_ms = []
     try:
         for _ in range(starts):
@@ -65,16 +69,23 @@ def main():
     os.environ["NBOS_BIN"] = os.path.abspath(args.nbos)
     from cluster import Cluster
 
+    # "on" needs root and bubblewrap; elsewhere "auto" measures what this machine can do.
+    sandbox = "on" if os.geteuid() == 0 else "auto"
     results = {}
     for name, pool in (("cold", 0), ("warm", 1)):
-        results[name] = measure(Cluster, pool, args.starts)
+        for box in ("off", sandbox):
+            results[f"{name}, sandbox {box}"] = measure(Cluster, pool, args.starts, box)
     print(f"kernel start (POST /api/kernels until 3 replicas answer), {args.starts} starts each")
-    print(f"{'':6} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8}  launches")
+    print(f"{'':22} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8}  launches")
     for name, (times, launches) in results.items():
-        print(f"{name:6} {statistics.median(times):8.0f} {percentile(times, 90):8.0f} "
+        print(f"{name:22} {statistics.median(times):8.0f} {percentile(times, 90):8.0f} "
               f"{statistics.mean(times):8.0f}  warm {launches['promoted']}, cold {launches['cold']}")
-    ratio = statistics.median(results["warm"][0]) / statistics.median(results["cold"][0])
-    print(f"warm / cold at p50: {ratio:.2f}x")
+    p50 = {name: statistics.median(times) for name, (times, _) in results.items()}
+    print(f"warm / cold at p50 (sandbox off): "
+          f"{p50['warm, sandbox off'] / p50['cold, sandbox off']:.2f}x")
+    for name in ("cold", "warm"):
+        print(f"{name}: sandbox {sandbox} / off at p50: "
+              f"{p50[f'{name}, sandbox {sandbox}'] / p50[f'{name}, sandbox off']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -115,6 +115,8 @@ struct UpArgs {
   int gpus_per_host = 2;
   int port = 8889;
   int warm_pool = 1;
+  std::string sandbox = "auto";
+  std::vector<std::string> sandbox_share;
   std::string state_dir;
   std::string decision_journal;
   std::string blob_store;  // default dir://STATE/blobs
@@ -249,6 +251,8 @@ int RunDaemon(DaemonArgs& args, const std::string& self_path) {
     args.options.replica_ports = *range;
   }
   if (!LoadCredential(args.credential_file, "daemon", &args.options.credential)) return 2;
+  // Replicas run other people's code: the cluster's credential is not theirs to read.
+  if (!args.credential_file.empty()) args.options.sandbox_hide.push_back(args.credential_file);
   auto d = daemon::Daemon::Start(args.options);
   if (!d.ok()) {
     std::cerr << "nbos daemon: " << d.status().message() << "\n";
@@ -336,20 +340,9 @@ void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
   // Orphans (replicas of a daemon that was killed) were re-parented to us as the subreaper.
   for (;;) {
     bool any = false;
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t close_paren = line.rfind(')');
-      if (close_paren == std::string::npos) continue;
-      std::istringstream rest(line.substr(close_paren + 2));
-      char state;
-      pid_t ppid = 0;
-      rest >> state >> ppid;
-      if (ppid != getpid()) continue;
-      const pid_t pid = std::stoi(name);
+    for (const ProcessEntry& p : ListProcesses()) {
+      if (p.ppid != getpid()) continue;
+      const pid_t pid = p.pid;
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
       any = true;
@@ -366,8 +359,13 @@ void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
         std::to_string(args.scaling_interval_ms), std::string("--gpus-per-host"),
         std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
         std::string("--local-warm-pool"), std::to_string(args.warm_pool),
-        std::string("--local-blob-store"), args.blob_store}) {
+        std::string("--local-blob-store"), args.blob_store, std::string("--local-sandbox"),
+        args.sandbox}) {
     argv->push_back(std::move(a));
+  }
+  for (const std::string& dir : args.sandbox_share) {
+    argv->push_back("--local-sandbox-share");
+    argv->push_back(fs::absolute(dir).string());
   }
 }
 
@@ -487,7 +485,15 @@ int RunUp(UpArgs& args, const std::string& self_path) {
                          "--warm-pool",
                          std::to_string(args.warm_pool),
                          "--log-level",
-                         args.log_level}});
+                         args.log_level,
+                         "--sandbox",
+                         args.sandbox,
+                         "--sandbox-hide",
+                         args.state_dir}});
+    for (const std::string& dir : args.sandbox_share) {
+      children.back().argv.push_back("--sandbox-share");
+      children.back().argv.push_back(fs::absolute(dir).string());
+    }
   }
   auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
   children[0].pid = Spawn(children[0], log_of(children[0]));
@@ -619,6 +625,12 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   gw->add_option("--local-warm-pool", gw_args->local.warm_pool,
                  "Pre-started replica processes per local server")
       ->capture_default_str();
+  gw->add_option("--local-sandbox", gw_args->local.sandbox,
+                 "Replica sandboxes of local servers (nbos daemon --sandbox)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  gw->add_option("--local-sandbox-share", gw_args->local.sandbox_share,
+                 "A directory every replica of the local servers may write (repeatable)");
   gw->add_option("--local-replica-ports", gw_args->local_ports,
                  "FIRST-LAST: ports split among local servers");
   gw->add_option("--credential", gw_args->credential_file,
@@ -658,6 +670,15 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
                     std::to_string(daemon::PortRange{}.first) + "-" +
                     std::to_string(daemon::PortRange{}.last) + ")");
   d->add_option("--log-level", d_args->log_level)->capture_default_str();
+  d->add_option("--sandbox", d_args->options.sandbox,
+                "Replica sandboxes: auto (where bubblewrap works), on (required) or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  d->add_option("--sandbox-hide", d_args->options.sandbox_hide,
+                "A file or directory replicas must not see, besides --state-dir (repeatable)");
+  d->add_option("--sandbox-share", d_args->options.sandbox_share,
+                "A directory every replica may write, e.g. a team's scratch space (repeatable; "
+                "its permissions decide which kernels' users can)");
 
   auto up_args = std::make_shared<UpArgs>();
   auto* up =
@@ -677,6 +698,14 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   up->add_option("--warm-pool", up_args->warm_pool, "Pre-started replica processes per server")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  up->add_option("--sandbox", up_args->sandbox,
+                 "Replica sandboxes: auto (where bubblewrap works), on (required) or off; the "
+                 "whole --state-dir is hidden from replicas")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  up->add_option("--sandbox-share", up_args->sandbox_share,
+                 "A directory every replica may write, e.g. a team's scratch space (repeatable; "
+                 "its permissions decide which kernels' users can)");
   up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
   up->add_option("--blob-store", up_args->blob_store,
                  "Blob store of the servers: dir:///path (one machine; default "

@@ -1,11 +1,14 @@
 #include "replica_command.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -28,6 +31,8 @@ struct ReplicaArgs {
   std::string log_level = "warn";
   replica::ReplicaOptions options;
   std::vector<std::string> peer_specs;
+  std::string run_as;                // UID:GID the replica takes before it runs any cell
+  std::vector<std::string> cgroups;  // cgroup directories it joins first
 };
 
 // The replica's options, on `cmd` (the subcommand, or the parser of a warm promotion).
@@ -54,6 +59,41 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
       ->envname("NBOS_RESTORE_FROM");
   cmd.add_option("--log-level", a.log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
+  cmd.add_option("--run-as", a.run_as,
+                 "UID:GID to switch to before running any cell (the daemon's sandbox)");
+  cmd.add_option("--cgroup", a.cgroups, "cgroup directory to join first (repeatable)");
+}
+
+// The daemon's sandbox, from the inside: join the replica's cgroups (which needs the privileges
+// the process still has), then give them up for the kernel's own user id, for good.
+bool EnterSandbox(const ReplicaArgs& a) {
+  for (const std::string& dir : a.cgroups) {
+    const std::string procs = dir + "/cgroup.procs";
+    int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    bool joined = fd >= 0 && write(fd, "0", 1) == 1;
+    if (fd >= 0) close(fd);
+    if (!joined) {
+      std::cerr << "nbos replica: cannot join cgroup " << dir << ": " << std::strerror(errno)
+                << "\n";
+      return false;
+    }
+  }
+  if (a.run_as.empty()) return true;
+  unsigned uid = 0, gid = 0;
+  char extra = 0;
+  if (std::sscanf(a.run_as.c_str(), "%u:%u%c", &uid, &gid, &extra) != 2 || uid == 0) {
+    std::cerr << "nbos replica: --run-as wants UID:GID (not root), got '" << a.run_as << "'\n";
+    return false;
+  }
+  // Groups first (it needs the privilege the user id change takes away); setres* change every
+  // thread (glibc), which a warm process with Python's threads needs.
+  if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+      setresuid(uid, uid, uid) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+    std::cerr << "nbos replica: cannot switch to user " << uid << ": " << std::strerror(errno)
+              << "\n";
+    return false;
+  }
+  return true;
 }
 
 // The kernel server's options from the connection file; nullopt (reported) if unreadable.
@@ -75,6 +115,7 @@ std::optional<replica::KernelOptions> KernelOptionsFrom(const std::string& conne
 }
 
 int RunReplica(ReplicaArgs& a, const std::string& version) {
+  if (!EnterSandbox(a)) return 1;
   std::string missing;
   if (a.connection_file.empty()) missing += " --connection-file";
   if (a.options.replica_id == 0) missing += " --id";

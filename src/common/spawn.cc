@@ -6,6 +6,9 @@
 #include <spawn.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 extern char** environ;
 
@@ -81,6 +84,26 @@ Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::stri
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Internal(fmt::format("cannot start {}: {}", argv[0], strerror(rc)));
   return pid;
+}
+
+std::vector<ProcessEntry> ListProcesses() {
+  std::vector<ProcessEntry> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so from the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    ProcessEntry p;
+    p.pid = static_cast<pid_t>(std::stol(name));
+    if (rest >> p.state >> p.ppid >> p.pgrp) out.push_back(p);
+  }
+  return out;
 }
 
 }  // namespace nbos

@@ -23,4 +23,15 @@ std::vector<std::string> BuildEnvironment(
 Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
                            int stdin_fd, int log_fd, const std::string& cwd);
 
+// One process as its /proc/PID/stat says.
+struct ProcessEntry {
+  pid_t pid = 0;
+  char state = '?';  // R, S, Z...
+  pid_t ppid = 0;
+  pid_t pgrp = 0;
+};
+
+// Every process of this PID namespace (from /proc); ones that exit meanwhile are skipped.
+std::vector<ProcessEntry> ListProcesses();
+
 }  // namespace nbos

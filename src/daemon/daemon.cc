@@ -4,14 +4,20 @@
 #include <fmt/ranges.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "common/ids.h"
 #include "control/control.grpc.pb.h"
 #include "daemon/grpc_status.h"
+#include "daemon/sandbox.h"
 
 namespace nbos::daemon {
 namespace {
@@ -98,6 +104,110 @@ std::pair<std::string, std::string> SplitHostPort(const std::string& address) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos) return {address, ""};
   return {address.substr(0, colon), address.substr(colon + 1)};
+}
+
+SupervisorOptions SupervisorOptionsFor(const DaemonOptions& options) {
+  SupervisorOptions sup;
+  sup.nbos_binary = options.nbos_binary;
+  sup.log_level = options.replica_log_level;
+  sup.max_restarts = options.max_restarts;
+  sup.restart_window = options.restart_window;
+  sup.restart_delay = options.restart_delay;
+  sup.stop_grace = options.stop_grace;
+  sup.warm_pool_size = options.warm_pool_size;
+  sup.warm_dir = options.state_dir + "/warm";
+  sup.warm_preload = options.warm_preload;
+  return sup;
+}
+
+SandboxPolicy BaseSandboxPolicy(const DaemonOptions& options, const std::string& replicas_dir) {
+  SandboxPolicy policy;
+  policy.bwrap = FindExecutable(options.bwrap);
+  std::vector<std::string> hidden = {options.state_dir};
+  for (const std::string& p : options.sandbox_hide) hidden.push_back(fs::absolute(p).string());
+  for (const std::string& path : hidden) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      policy.hidden.push_back(path);
+    } else if (fs::exists(path, ec)) {
+      policy.hidden_files.push_back(path);
+    }
+  }
+  policy.writable.push_back(replicas_dir);
+  std::error_code ec;
+  for (const std::string& p : options.sandbox_share) {
+    fs::create_directories(p, ec);
+    policy.writable.push_back(fs::absolute(p).string());
+  }
+  if (options.blob_store_url.starts_with("dir://")) {
+    // Bound into every sandbox, so it must exist before the first replica writes to it.
+    fs::create_directories(options.blob_store_url.substr(6), ec);
+    policy.writable.push_back(options.blob_store_url.substr(6));
+  }
+  for (const auto& entry : fs::directory_iterator("/dev", ec)) {
+    if (entry.path().filename().string().starts_with("nvidia")) {
+      policy.devices.push_back(entry.path().string());
+    }
+  }
+  policy.env_passed = DefaultPassedEnvironment("");
+  return policy;
+}
+
+// Per-kernel user ids and cgroups need root; without them kernels are apart only by namespaces.
+void AddPrivilegedSandbox(const DaemonOptions& options, SupervisorOptions* sup) {
+  if (geteuid() != 0) {
+    spdlog::warn(
+        "the daemon is not root: replicas of all kernels share its user id, and nothing "
+        "limits their memory (run the daemon as root for per-kernel users and cgroups)");
+    return;
+  }
+  sup->sandbox_users = true;
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto cgroups = ReplicaCgroups::Open("/sys/fs/cgroup", text.str(), "nbos-" + options.server_id);
+  if (!cgroups.ok()) {
+    spdlog::warn("no per-replica memory limits: {}", cgroups.status().message());
+    return;
+  }
+  sup->cgroups = std::make_shared<ReplicaCgroups>(std::move(*cgroups));
+  for (const std::string& dir : sup->cgroups->group_dirs())
+    sup->sandbox_policy.writable.push_back(dir);  // a replica joins its cgroup from inside
+}
+
+Status ConfigureSandbox(const DaemonOptions& options, const std::string& replicas_dir,
+                        SupervisorOptions* sup) {
+  if (options.sandbox == "off") {
+    spdlog::warn(
+        "replicas are not sandboxed (--sandbox off): every cell can read this server's "
+        "replica directories and signal its processes");
+    return Status::Ok();
+  }
+  if (options.sandbox != "auto" && options.sandbox != "on") {
+    return InvalidArgument("--sandbox is auto, on or off, not '" + options.sandbox + "'");
+  }
+  sup->sandbox_policy = BaseSandboxPolicy(options, replicas_dir);
+  if (Status probe = ProbeSandbox(sup->sandbox_policy); !probe.ok()) {
+    if (options.sandbox == "on") return probe;
+    spdlog::warn("replicas are not sandboxed: {}", probe.message());
+    return Status::Ok();
+  }
+  sup->sandbox = true;
+  AddPrivilegedSandbox(options, sup);
+  if (sup->sandbox_users) {
+    std::error_code ec;
+    fs::permissions(replicas_dir,
+                    fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec,
+                    fs::perm_options::replace, ec);
+    if (options.blob_store_url.starts_with("dir://")) {
+      if (Status s = PrepareSharedBlobDirectory(options.blob_store_url.substr(6)); !s.ok())
+        return s;
+    }
+  }
+  spdlog::info("replicas are sandboxed ({}{}{})", options.bwrap,
+               sup->sandbox_users ? ", a user id per kernel" : "",
+               sup->cgroups ? ", memory and CPU by cgroup" : "");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -191,20 +301,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   fs::create_directories(d->replicas_dir_, ec);
   if (ec) return Internal("cannot create " + d->replicas_dir_ + ": " + ec.message());
 
-  SupervisorOptions sup;
-  sup.nbos_binary = options.nbos_binary;
-  sup.log_level = options.replica_log_level;
-  sup.max_restarts = options.max_restarts;
-  sup.restart_window = options.restart_window;
-  sup.restart_delay = options.restart_delay;
-  sup.stop_grace = options.stop_grace;
-  sup.warm_pool_size = options.warm_pool_size;
-  sup.warm_dir = options.state_dir + "/warm";
-  sup.warm_preload = options.warm_preload;
+  SupervisorOptions sup = SupervisorOptionsFor(options);
   if (options.warm_pool_size > 0) {
     fs::create_directories(sup.warm_dir, ec);
     if (ec) return Internal("cannot create " + sup.warm_dir + ": " + ec.message());
   }
+  if (Status s = ConfigureSandbox(options, d->replicas_dir_, &sup); !s.ok()) return s;
   Daemon* raw = d.get();
   sup.on_exit = [raw](const ReplicaKey& key, int code, bool restarting) {
     raw->OnReplicaExit(key, code, restarting);
@@ -321,7 +423,10 @@ Result<control::PrepareReplicaReply> Daemon::PrepareReplica(
     spdlog::warn("replica {}: removing stale directory {}", key.ToString(), dir);
     fs::remove_all(dir, ec);
   }
-  if (Status s = supervisor_->Prepare(key, dir, c, raft_address); !s.ok()) {
+  const ResourceVector wanted = FromProto(req.resources());
+  if (Status s = supervisor_->Prepare(key, dir, c, raft_address,
+                                      ReplicaLimits{wanted.memory_mb, wanted.millicpus});
+      !s.ok()) {
     port_allocator_.Release(ports);
     ledger_.Unsubscribe(key);
     return s;
@@ -449,6 +554,7 @@ control::ServerStatus Daemon::GetStatus() const {
     r->set_pid(p.pid);
     r->set_state(std::string(ReplicaStateName(p.state)));
     r->set_exit_code(p.exit_code);
+    r->set_exit_reason(p.exit_reason);
     r->set_restarts(p.restarts);
   }
   const WarmPoolStats warm = supervisor_->warm_pool();

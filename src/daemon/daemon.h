@@ -65,6 +65,16 @@ struct DaemonOptions {
   // TLS and the cluster token for the Daemon service and the calls to the gateway
   // (control/cluster_credential.h); null: plaintext, open to any caller.
   std::shared_ptr<const control::ClusterCredential> credential;
+  // Replica sandboxes (sandbox.h, supervisor.h): "auto" sandboxes where bubblewrap works and warns
+  // where it does not, "on" refuses to start without, "off" runs replicas as the daemon runs.
+  std::string sandbox = "auto";
+  std::string bwrap = "bwrap";
+  // Paths replicas must not see besides the state directory (files or directories): the
+  // gateway's state, the credential file, a cluster directory holding other servers'.
+  std::vector<std::string> sandbox_hide;
+  // Directories every replica may write (a team's scratch space); created when missing. Their
+  // permissions decide which kernels' user ids can write there.
+  std::vector<std::string> sandbox_share;
 };
 
 class Daemon {

@@ -52,6 +52,36 @@ std::string DescribeExit(int code) {
   return fmt::format("was killed by signal {} ({})", -code, strsignal(-code));
 }
 
+std::string CgroupName(const ReplicaKey& key) {
+  return fmt::format("{}-{}", key.kernel_id, key.replica_id);
+}
+
+// Hands `dir` and everything in it to `uid`, the directory itself private to it.
+Status GiveDirectory(const std::string& dir, uint32_t uid) {
+  auto give = [uid](const fs::path& p) {
+    return lchown(p.c_str(), uid, uid) == 0 || errno == ENOENT;
+  };
+  std::error_code ec;
+  bool ok = give(dir);
+  for (auto it = fs::recursive_directory_iterator(dir, ec); ok && !ec && it != end(it);
+       it.increment(ec)) {
+    ok = give(it->path());
+  }
+  if (!ok || ec)
+    return Internal(fmt::format("cannot give {} to user {}: {}", dir, uid,
+                                ec ? ec.message() : strerror(errno)));
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  return Status::Ok();
+}
+
+// The processes of process group `pgid` other than its leader.
+std::vector<pid_t> GroupMembersButLeader(pid_t pgid) {
+  std::vector<pid_t> out;
+  for (const ProcessEntry& p : ListProcesses())
+    if (p.pgrp == pgid && p.pid != pgid) out.push_back(p.pid);
+  return out;
+}
+
 }  // namespace
 
 std::string_view ReplicaStateName(ReplicaState state) {
@@ -76,6 +106,7 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
 
 Supervisor::~Supervisor() {
   StopAll(/*keep_data=*/true);
+  if (options_.cgroups) options_.cgroups->RemoveGroups();
   {
     std::lock_guard lock(mu_);
     shutdown_ = true;
@@ -86,7 +117,7 @@ Supervisor::~Supervisor() {
 
 Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
                            const jupyter::ConnectionInfo& connection,
-                           const std::string& raft_address) {
+                           const std::string& raft_address, ReplicaLimits limits) {
   std::lock_guard lock(mu_);
   if (children_.contains(key)) {
     return InvalidArgument("replica " + key.ToString() + " is already prepared");
@@ -107,6 +138,7 @@ Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
   child.info.dir = dir;
   child.info.raft_address = raft_address;
   child.info.connection = connection;
+  child.limits = limits;
   children_.emplace(key, std::move(child));
   return Status::Ok();
 }
@@ -140,14 +172,86 @@ Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
                                    options_.log_level};
   for (const auto& [id, address] : peers) argv.push_back(fmt::format("--peer={}={}", id, address));
   child.argv = std::move(argv);
-  child.envp = BuildEnvironment(
-      {{{"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}},
-       env,
-       {{"NBOS_KERNEL_ID", key.kernel_id}, {"NBOS_REPLICA_ID", std::to_string(key.replica_id)}}});
+  const std::map<std::string, std::string> identity = {
+      {"NBOS_KERNEL_ID", key.kernel_id}, {"NBOS_REPLICA_ID", std::to_string(key.replica_id)}};
+  if (options_.sandbox) {
+    if (Status s = PrepareSandbox(child, blob_store_url); !s.ok()) return s;
+    SandboxPolicy policy = options_.sandbox_policy;
+    for (std::string& name : DefaultPassedEnvironment(blob_store_url))
+      policy.env_passed.push_back(std::move(name));
+    std::vector<std::string> extra = {"CUDA_DEVICE_ORDER=PCI_BUS_ID", "HOME=" + dir + "/home",
+                                      "USER=kernel", "LOGNAME=kernel"};
+    for (const auto& layer : {env, identity})
+      for (const auto& [k, v] : layer) extra.push_back(k + "=" + v);
+    child.envp = SandboxEnvironment(policy, BuildEnvironment({}), extra);
+  } else {
+    child.envp = BuildEnvironment({{{"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}}, env, identity});
+  }
   child.restart_times.clear();
   if (Status s = Spawn(child); !s.ok()) return s;
   cv_.notify_all();
   return child.info.pid;
+}
+
+Status Supervisor::PrepareSandbox(Child& child, const std::string& blob_store_url) {
+  const ReplicaKey& key = child.info.key;
+  // A home of its own (the daemon's is not writable there), beside its working directory rather
+  // than it, so that paths in the working directory read as they do under ipykernel.
+  std::error_code ec;
+  fs::create_directories(child.info.dir + "/home", ec);
+  if (options_.sandbox_users) {
+    uint32_t uid =
+        SandboxUserId(key.kernel_id, options_.sandbox_uid_base, options_.sandbox_uid_range);
+    // Two kernels on one server never share an id: the next free one (rarely needed).
+    auto taken = [&](uint32_t id) {
+      for (const auto& [k, c] : children_)
+        if (k.kernel_id != key.kernel_id && c.info.uid == id) return true;
+      return false;
+    };
+    while (taken(uid))
+      uid = options_.sandbox_uid_base +
+            (uid + 1 - options_.sandbox_uid_base) % options_.sandbox_uid_range;
+    if (Status s = GiveDirectory(child.info.dir, uid); !s.ok()) return s;
+    child.info.uid = uid;
+    child.argv.push_back(fmt::format("--run-as={}:{}", uid, uid));
+  }
+  if (options_.cgroups) {
+    auto dirs =
+        options_.cgroups->Create(CgroupName(key), child.limits.memory_mb, child.limits.millicpus);
+    if (!dirs.ok()) return dirs.status();
+    for (const std::string& d : *dirs) child.argv.push_back("--cgroup=" + d);
+  }
+  // A directory store other than the daemon's (the launch named it) is bound in for this
+  // replica alone, which then starts cold: warm processes were sandboxed without it.
+  child.extra_writable.clear();
+  if (blob_store_url.starts_with("dir://")) {
+    const std::string root = blob_store_url.substr(6, blob_store_url.find('?') - 6);
+    bool covered = false;
+    for (const std::string& w : options_.sandbox_policy.writable)
+      covered = covered || root == w || root.starts_with(w + "/");
+    if (!covered) {
+      fs::create_directories(root, ec);
+      if (options_.sandbox_users) {
+        if (Status s = PrepareSharedBlobDirectory(root); !s.ok()) return s;
+      }
+      child.extra_writable.push_back(root);
+    }
+  }
+  return Status::Ok();
+}
+
+void Supervisor::NoteOutOfMemory(Child& child) {
+  if (!options_.cgroups) return;
+  const uint64_t kills = options_.cgroups->OomKills(CgroupName(child.info.key));
+  if (kills <= child.oom_kills) return;
+  child.oom_kills = kills;
+  child.info.exit_reason = fmt::format(
+      "out of memory: the kernel's cells used more than its {} MB (KERNEL_MEMORY), and the "
+      "replica was stopped",
+      child.limits.memory_mb);
+  const std::string log_path = child.info.dir + "/replica.log";
+  std::ofstream(log_path, std::ios::app)
+      << "--- nbos daemon: " << child.info.exit_reason << " ---\n";
 }
 
 Status Supervisor::Spawn(Child& child) {
@@ -157,11 +261,18 @@ Status Supervisor::Spawn(Child& child) {
   std::string banner = fmt::format("--- nbos daemon: starting replica {} at {} (restart {}) ---\n",
                                    child.info.key.ToString(), NowIsoUtc(), child.info.restarts);
   [[maybe_unused]] ssize_t w = write(log_fd, banner.data(), banner.size());
-  if (Promote(child)) {
+  if (options_.cgroups) child.oom_kills = options_.cgroups->OomKills(CgroupName(child.info.key));
+  child.info.exit_reason.clear();
+  if (child.extra_writable.empty() && Promote(child)) {
     close(log_fd);
     return Status::Ok();
   }
-  Result<pid_t> pid = SpawnProcess(child.argv, child.envp, -1, log_fd, child.info.dir);
+  SandboxPolicy policy = options_.sandbox_policy;
+  policy.writable.insert(policy.writable.end(), child.extra_writable.begin(),
+                         child.extra_writable.end());
+  std::vector<std::string> argv =
+      options_.sandbox ? SandboxCommand(policy, child.argv) : child.argv;
+  Result<pid_t> pid = SpawnProcess(argv, child.envp, -1, log_fd, child.info.dir);
   close(log_fd);
   if (!pid.ok()) return pid.status();
   child.info.pid = *pid;
@@ -220,6 +331,11 @@ Status Supervisor::SpawnWarm() {
                                    options_.log_level};
   for (const std::string& m : options_.warm_preload) argv.push_back("--preload=" + m);
   std::vector<std::string> envp = BuildEnvironment({{{"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}}});
+  if (options_.sandbox) {
+    // Until promoted, a warm process runs no one's code: the locale and paths are enough.
+    argv = SandboxCommand(options_.sandbox_policy, argv);
+    envp = SandboxEnvironment(options_.sandbox_policy, envp, {"CUDA_DEVICE_ORDER=PCI_BUS_ID"});
+  }
   Result<pid_t> pid = SpawnProcess(argv, envp, sv[1], log_fd, options_.warm_dir);
   close(sv[1]);
   close(log_fd);
@@ -292,6 +408,7 @@ Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
     if (it == children_.end()) return Status::Ok();  // a concurrent Stop finished first
     dir = it->second.info.dir;
     children_.erase(it);
+    if (options_.cgroups) options_.cgroups->Remove(CgroupName(key));
   }
   spdlog::info("replica {} stopped{}", key.ToString(), keep_data ? ", data kept" : "");
   if (!keep_data) {
@@ -316,6 +433,7 @@ void Supervisor::StopAll(bool keep_data) {
       if (it == children_.end()) continue;
       dirs.push_back(it->second.info.dir);
       children_.erase(it);
+      if (options_.cgroups) options_.cgroups->Remove(CgroupName(key));
     }
   }
   if (!keep_data) {
@@ -333,7 +451,15 @@ void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,
     if (it == children_.end()) continue;
     it->second.stopping = true;
     it->second.info.state = ReplicaState::kStopped;
-    if (it->second.info.pid > 0) kill(-it->second.info.pid, SIGTERM);
+    const pid_t pid = it->second.info.pid;
+    if (pid <= 0) continue;
+    if (!options_.sandbox) {
+      kill(-pid, SIGTERM);
+      continue;
+    }
+    // bubblewrap dies of SIGTERM at once; the replica must be the one to hear it, and bubblewrap
+    // then exits with it.
+    for (pid_t member : GroupMembersButLeader(pid)) kill(member, SIGTERM);
   }
   auto all_reaped = [&] {
     for (const ReplicaKey& key : keys) {
@@ -396,6 +522,7 @@ void Supervisor::Poll(std::vector<ExitEvent>* exits) {
     reaped = true;
     child.info.pid = 0;
     child.info.exit_code = code;
+    NoteOutOfMemory(child);
     if (child.stopping) continue;  // Stop() asked for it
     bool restart = false;
     if (code != 0) {
@@ -410,8 +537,10 @@ void Supervisor::Poll(std::vector<ExitEvent>* exits) {
       child.info.restarts++;
       child.info.state = ReplicaState::kRestarting;
       child.restart_at = now + options_.restart_delay;
-      spdlog::warn("replica {} (pid {}) {}; restarting ({} of {} within {} s)", key.ToString(), pid,
-                   DescribeExit(code), child.restart_times.size(), options_.max_restarts,
+      spdlog::warn("replica {} (pid {}) {}{}; restarting ({} of {} within {} s)", key.ToString(),
+                   pid, DescribeExit(code),
+                   child.info.exit_reason.empty() ? "" : " (" + child.info.exit_reason + ")",
+                   child.restart_times.size(), options_.max_restarts,
                    options_.restart_window.count() / 1000);
     } else {
       child.info.state = ReplicaState::kExited;

@@ -12,6 +12,14 @@
 // like any other replica; the pool is topped up on the watch thread. Warm processes that keep
 // dying disable the pool (cold starts go on).
 //
+// Sandbox (sandbox.h): with `sandbox` set, every replica and warm process runs under bubblewrap
+// with only the environment the policy passes; with `sandbox_users`, each kernel's replicas take
+// their own user id (its directory is chowned to it, mode 0700); with `cgroups`, each replica gets
+// a cgroup limited to its Prepare()'s limits. A replica killed by its cgroup's OOM killer is
+// reported with `exit_reason` "out of memory ...". The pid of a sandboxed replica is bubblewrap's
+// (the process group leader); Stop() sends SIGTERM to the rest of its group, so the replica shuts
+// down before bubblewrap reports its exit.
+//
 // Thread-safe. Lock order for callers: the Supervisor never calls `on_exit` with its own lock
 // held, so `on_exit` may take the caller's locks, and the caller may call into the Supervisor
 // while holding its own locks (but not from inside `on_exit`, which runs on the watch thread).
@@ -25,6 +33,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -35,6 +44,7 @@
 
 #include "common/status.h"
 #include "daemon/ledger.h"
+#include "daemon/sandbox.h"
 #include "jupyter/connection_file.h"
 
 namespace nbos::daemon {
@@ -53,9 +63,11 @@ std::string_view ReplicaStateName(ReplicaState state);
 struct ReplicaProcess {
   ReplicaKey key;
   ReplicaState state = ReplicaState::kPrepared;
-  pid_t pid = 0;          // 0 when no process runs
-  int exit_code = 0;      // last exit: the status, or -SIGNAL when killed by a signal
-  uint32_t restarts = 0;  // restarts after unexpected exits, over the replica's life
+  pid_t pid = 0;            // 0 when no process runs
+  int exit_code = 0;        // last exit: the status, or -SIGNAL when killed by a signal
+  uint32_t restarts = 0;    // restarts after unexpected exits, over the replica's life
+  std::string exit_reason;  // why the last exit happened, when known ("out of memory: ...")
+  uint32_t uid = 0;         // the sandbox user id (0: the daemon's own)
   std::string dir;
   std::string raft_address;
   jupyter::ConnectionInfo connection;
@@ -78,6 +90,19 @@ struct SupervisorOptions {
   int warm_pool_size = 0;
   std::string warm_dir;
   std::vector<std::string> warm_preload;  // Python modules they import ahead (--preload)
+  // Sandboxing (see above).
+  bool sandbox = false;
+  SandboxPolicy sandbox_policy;  // env_passed without the blob store's (added per launch)
+  bool sandbox_users = false;
+  uint32_t sandbox_uid_base = 1u << 30;
+  uint32_t sandbox_uid_range = 1u << 24;
+  std::shared_ptr<ReplicaCgroups> cgroups;  // null: no per-replica limits
+};
+
+// What a replica may use (its kernel's subscription); 0: unlimited.
+struct ReplicaLimits {
+  int64_t memory_mb = 0;
+  int64_t millicpus = 0;
 };
 
 struct WarmPoolStats {
@@ -100,7 +125,8 @@ class Supervisor {
   // Registers a replica: creates `dir` and dir/data and writes dir/connection.json. Preparing a
   // replica that is already known is InvalidArgument.
   Status Prepare(const ReplicaKey& key, const std::string& dir,
-                 const jupyter::ConnectionInfo& connection, const std::string& raft_address);
+                 const jupyter::ConnectionInfo& connection, const std::string& raft_address,
+                 ReplicaLimits limits = {});
 
   // Starts a prepared (or exited) replica's process:
   //   nbos replica -f DIR/connection.json --id N --raft ADDR
@@ -136,6 +162,9 @@ class Supervisor {
     bool stopping = false;
     std::deque<std::chrono::steady_clock::time_point> restart_times;
     std::chrono::steady_clock::time_point restart_at;
+    ReplicaLimits limits;
+    uint64_t oom_kills = 0;                   // the cgroup's count when the process started
+    std::vector<std::string> extra_writable;  // sandbox binds of this replica alone
   };
   struct WarmProcess {
     pid_t pid = 0;
@@ -149,6 +178,11 @@ class Supervisor {
   };
 
   Status Spawn(Child& child);  // mu_ held
+  // Sandbox set-up at launch: the user id, the directory's owner, the cgroup, and the replica's
+  // --run-as / --cgroup arguments. mu_ held.
+  Status PrepareSandbox(Child& child, const std::string& blob_store_url);
+  // Records why `child` exited when its cgroup says the OOM killer did it. mu_ held.
+  void NoteOutOfMemory(Child& child);
   // Hands `child` to a warm process; false (and the process discarded) if none takes it. mu_ held.
   bool Promote(Child& child);
   Status SpawnWarm();  // mu_ held

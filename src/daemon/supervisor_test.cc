@@ -1,7 +1,10 @@
 #include "daemon/supervisor.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -134,6 +137,55 @@ TEST_F(SupervisorTest, KilledReplicaIsRestartedFromTheSameDirectory) {
   // Both runs logged into the same file.
   std::string log = ReadFile(Dir(key) + "/replica.log");
   EXPECT_NE(log.find("(restart 1)"), std::string::npos) << log;
+}
+
+// Bubblewrap around the stand-in: a PID namespace, no daemon secrets, the directory given to the
+// kernel's user id, and a stop that reaches the replica rather than bubblewrap.
+TEST_F(SupervisorTest, SandboxedReplicaIsAloneOwnsItsDirectoryAndStopsGracefully) {
+  if (geteuid() != 0 || FindExecutable("bwrap").find('/') == std::string::npos) {
+    GTEST_SKIP() << "needs root and bubblewrap";
+  }
+  options_.sandbox = true;
+  options_.sandbox_users = true;
+  options_.sandbox_policy.bwrap = FindExecutable("bwrap");
+  options_.sandbox_policy.writable = {tmp_.path()};
+  options_.sandbox_policy.env_passed = {"PATH"};
+  setenv("DAEMON_SECRET", "s3cret", 1);
+  auto s = Make();
+  ReplicaKey key{"k-sandboxed", 1};
+  Prepare(*s, key);
+  ASSERT_TRUE(s->Launch(key, {}, "dir://" + tmp_.path() + "/blobs", {{"FAKE_MODE", "probe"}}).ok());
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {
+    log = ReadFile(Dir(key) + "/replica.log");
+    return log.find("procs:") != std::string::npos;
+  }));
+  unsetenv("DAEMON_SECRET");
+  // bubblewrap's init, the shell, a subshell, `ls` and `grep`: never the host's processes.
+  const size_t procs = std::stoul(log.substr(log.find("procs: ") + 7));
+  EXPECT_LE(procs, 5u) << log;
+  EXPECT_NE(log.find("secret: none"), std::string::npos) << log;
+  const uint32_t uid =
+      SandboxUserId("k-sandboxed", options_.sandbox_uid_base, options_.sandbox_uid_range);
+  EXPECT_EQ(s->Get(key)->uid, uid);
+  EXPECT_NE(log.find(fmt::format("--run-as={}:{}", uid, uid)), std::string::npos) << log;
+  struct stat st {};
+  ASSERT_EQ(stat(Dir(key).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, uid);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((Dir(key) + "/connection.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, uid);
+  ASSERT_TRUE(s->Stop(key, /*keep_data=*/true).ok());
+
+  ReplicaKey graceful{"k-sandboxed", 2};
+  Prepare(*s, graceful);
+  ASSERT_TRUE(
+      s->Launch(graceful, {}, "dir://" + tmp_.path() + "/blobs", {{"FAKE_MODE", "graceful"}}).ok());
+  ASSERT_TRUE(Eventually([&] { return ReadFile(Dir(graceful) + "/replica.log").size() > 0; }));
+  std::this_thread::sleep_for(200ms);  // the trap is set
+  ASSERT_TRUE(s->Stop(graceful, /*keep_data=*/true).ok());
+  EXPECT_EQ(ReadFile(Dir(graceful) + "/term.log"), "got-term\n");
+  EXPECT_EQ(exits_, 0);
 }
 
 TEST_F(SupervisorTest, RestartBudgetIsLimited) {

@@ -82,6 +82,9 @@ case "$FAKE_MODE" in
   exit3) exit 3 ;;
   ignore_term) trap '' TERM; while true; do sleep 0.05; done ;;
   child) sleep 1000 & echo $! > child.pid; exec sleep 1000 ;;
+  probe) echo "procs: $(ls /proc | grep -c '^[0-9]') secret: ${DAEMON_SECRET:-none}"
+         exec sleep 1000 ;;
+  graceful) trap 'echo got-term > term.log; exit 0' TERM; while true; do sleep 0.05; done ;;
   *) exec sleep 1000 ;;
 esac
 )";

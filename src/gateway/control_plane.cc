@@ -13,7 +13,7 @@ void NotifySessions(const std::vector<LivenessChange>& changes) {
     if (c.live) {
       c.session->ReplicaBack(c.replica);
     } else {
-      c.session->ReplicaLost(c.replica);
+      c.session->ReplicaLost(c.replica, c.why);
     }
   }
 }

@@ -98,7 +98,7 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                  },
                  [&](ClientFrame& e) { OnFrame(e, &out); },
                  [&](ReplicaMessage& e) { OnReplicaMessage(e, &out); },
-                 [&](ReplicaLost& e) { SetLive(e.replica, false, &out); },
+                 [&](ReplicaLost& e) { SetLive(e.replica, false, &out, e.why); },
                  [&](ReplicaBack& e) { SetLive(e.replica, true, &out); },
                  [&](ReplicaReachable& e) { SetReachable(e.replica, e.reachable, &out); },
                  [&](ReplicaLinked& e) {
@@ -573,7 +573,7 @@ void KernelRouter::ForwardReply(Channel channel, Message reply, Effects* out) {
   abort_after_reply_ = false;
 }
 
-void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out) {
+void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out, const std::string& why) {
   auto link = replicas_.find(r);
   if (link == replicas_.end() || link->second == live) return;
   link->second = live;
@@ -602,14 +602,17 @@ void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out) {
   }
   const std::set<ReplicaId> rest = live_replicas();
   if (rest.empty()) {
-    FailInFlight("every replica of this kernel was lost while the cell ran", out);
+    FailInFlight("every replica of this kernel was lost while the cell ran" +
+                     (why.empty() ? "" : " (" + why + ")"),
+                 out);
     Pump(out);
     return;
   }
   // The standbys wait for the executor's effects; tell them it is gone so they answer
-  // (ExecutorLost) with the state of the last completed cell.
-  Message cancel =
-      factory_.Make("nbos_cancel_request", Json{{"exec_id", in_flight_->exec_id}}, Json::object());
+  // (ExecutorLost) with the state of the last completed cell, and why it was lost when known.
+  Json content{{"exec_id", in_flight_->exec_id}};
+  if (!why.empty()) content["reason"] = why;
+  Message cancel = factory_.Make("nbos_cancel_request", std::move(content), Json::object());
   merger_.Expect(cancel.msg_id(), {rest.begin(), rest.end()});
   SendTo({rest.begin(), rest.end()}, Channel::kControl, cancel, out);
 }

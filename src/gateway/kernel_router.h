@@ -126,6 +126,7 @@ struct ReplicaMessage {
 };
 struct ReplicaLost {
   ReplicaId replica = 0;
+  std::string why;  // what its server said of its exit, when anything ("out of memory: ...")
 };
 struct ReplicaBack {
   ReplicaId replica = 0;
@@ -321,7 +322,7 @@ class KernelRouter {
   void DeliverRecovered(ClientId client, Effects* out);
   bool AnsweredWhileSuspended(ClientId client, jupyter::Channel channel, const jupyter::Message& m,
                               Effects* out);
-  void SetLive(ReplicaId replica, bool live, Effects* out);
+  void SetLive(ReplicaId replica, bool live, Effects* out, const std::string& why = "");
   void Unlink(ReplicaId replica, Effects* out);
 
   void Pump(Effects* out);

@@ -126,7 +126,10 @@ RouterEvent ParseEvent(const std::string& line) {
     return ReplicaMessage{static_cast<ReplicaId>(num(1)), ChannelOf(w.positional.at(2)),
                           MakeMessage(w, 3)};
   }
-  if (cmd == "lost") return ReplicaLost{static_cast<ReplicaId>(num(1))};
+  if (cmd == "lost") {
+    return ReplicaLost{static_cast<ReplicaId>(num(1)),
+                       w.named.count("why") ? w.named.at("why") : ""};
+  }
   if (cmd == "back") return ReplicaBack{static_cast<ReplicaId>(num(1))};
   if (cmd == "unreachable") return ReplicaReachable{static_cast<ReplicaId>(num(1)), false};
   if (cmd == "reachable") return ReplicaReachable{static_cast<ReplicaId>(num(1)), true};

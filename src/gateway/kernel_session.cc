@@ -640,7 +640,9 @@ void KernelSession::Receive(ClientId client, std::string payload, bool binary) {
 }
 
 void KernelSession::Interrupt() { impl_->Post(RouterEvent(InterruptRequested{})); }
-void KernelSession::ReplicaLost(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaLost{r})); }
+void KernelSession::ReplicaLost(ReplicaId r, std::string why) {
+  impl_->Post(RouterEvent(gateway::ReplicaLost{r, std::move(why)}));
+}
 void KernelSession::ReplicaBack(ReplicaId r) { impl_->Post(RouterEvent(gateway::ReplicaBack{r})); }
 
 void KernelSession::RecoverExecution() { impl_->Post(RouterEvent(gateway::RecoverExecution{})); }

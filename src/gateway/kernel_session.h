@@ -100,7 +100,7 @@ class KernelSession {
   // its executor is answered with KeyboardInterrupt instead.
   void Interrupt();
   // The daemon reported `replica` gone, or back.
-  void ReplicaLost(ReplicaId replica);
+  void ReplicaLost(ReplicaId replica, std::string why = "");
   void ReplicaBack(ReplicaId replica);
   // The kernel was restored after a gateway restart: recover the cell the previous gateway had
   // in flight (kernel_router.h, RecoverExecution).

@@ -95,7 +95,15 @@ Status LocalHostProvider::Start(const std::string& id) {
       "--warm-pool",
       std::to_string(options_.warm_pool),
       "--log-level",
-      options_.log_level};
+      options_.log_level,
+      "--sandbox",
+      options_.sandbox,
+      "--sandbox-hide",
+      options_.state_dir};
+  for (const std::string& dir : options_.sandbox_share) {
+    argv.push_back("--sandbox-share");
+    argv.push_back(dir);
+  }
   if (!options_.credential_file.empty()) {
     argv.push_back("--credential");
     argv.push_back(options_.credential_file);

@@ -27,8 +27,10 @@ struct LocalHostOptions {
   std::string credential_file;  // the cluster credential (--credential); empty: none
   int gpus_per_host = 1;
   int warm_pool = 1;
-  int max_hosts = 3;        // ids host-1 .. host-max_hosts
-  daemon::PortRange ports;  // split evenly among max_hosts servers
+  std::string sandbox = "auto";  // the servers' --sandbox; state_dir is hidden from replicas
+  std::vector<std::string> sandbox_share;  // the servers' --sandbox-share
+  int max_hosts = 3;                       // ids host-1 .. host-max_hosts
+  daemon::PortRange ports;                 // split evenly among max_hosts servers
   std::string log_level = "info";
 };
 

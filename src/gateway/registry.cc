@@ -87,8 +87,11 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
   out.client = s.client;
   out.orphans = FindOrphans(s);
   std::set<std::pair<std::string, uint32_t>> running;
-  for (const auto& r : status.replicas())
+  std::map<std::pair<std::string, uint32_t>, std::string> reasons;
+  for (const auto& r : status.replicas()) {
     if (r.state() == "running") running.insert({r.kernel_id(), r.replica_id()});
+    if (!r.exit_reason().empty()) reasons[{r.kernel_id(), r.replica_id()}] = r.exit_reason();
+  }
   for (auto& [id, k] : kernels_) {
     for (const auto& r : k.meta.replicas) {
       if (r.server_id != s.server_id) continue;
@@ -96,7 +99,11 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
       auto [pos, inserted] = k.replica_live.emplace(r.replica_id, live);
       if (!inserted && pos->second == live) continue;
       pos->second = live;
-      if (k.session) out.changes.push_back({k.session, r.replica_id, live});
+      auto why = reasons.find({id, r.replica_id});
+      if (k.session) {
+        out.changes.push_back(
+            {k.session, r.replica_id, live, why == reasons.end() ? "" : why->second});
+      }
     }
   }
   return out;

@@ -75,6 +75,7 @@ struct LivenessChange {
   std::shared_ptr<KernelSession> session;
   ReplicaId replica = 0;
   bool live = false;
+  std::string why;  // a lost replica's exit reason from its server, when it gave one
 };
 
 struct ReplicaRef {

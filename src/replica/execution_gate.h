@@ -55,8 +55,9 @@ class ExecutionGate {
   // Gives up waiting on execution `exec_id` (its executor is gone, or the kernel lost its
   // majority). An election still open here, or decided but not yet begun, ends kCancelled: this
   // replica will not run the cell. Returns false when this replica already started running it
-  // (the cancel then changes nothing). Thread-safe.
-  virtual bool Cancel(const std::string& exec_id) = 0;
+  // (the cancel then changes nothing). `reason`, when known (the executor ran out of memory),
+  // is what a standby's error then says. Thread-safe.
+  virtual bool Cancel(const std::string& exec_id, const std::string& reason) = 0;
   // Extra execute_reply metadata naming the executor and this replica's role.
   virtual jupyter::Json ReplyMetadata(const Decision& decision) = 0;
   // Applies `change` to the kernel's replica group through its leader and returns once it is

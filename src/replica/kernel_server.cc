@@ -609,8 +609,11 @@ void KernelServer::HandleControl(Message request) {
     // The executor of this execution is gone, or the kernel lost its majority: stop waiting.
     const Json exec_id =
         request.content.is_object() ? request.content.value("exec_id", Json()) : Json();
+    const Json reason =
+        request.content.is_object() ? request.content.value("reason", Json()) : Json();
     const bool cancelled =
-        options_.gate->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "");
+        options_.gate->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
+                              reason.is_string() ? reason.get<std::string>() : "");
     SendReply(socket, request, Dump(Json{{"status", "ok"}, {"cancelled", cancelled}}));
   } else if (type == "nbos_checkpoint_request") {
     // Suspending an idle kernel: its replicated state goes to the blob store.

@@ -377,18 +377,28 @@ void ReplicaGate::MaybeCheckpoint() {
 Result<std::string> ReplicaGate::Follow(const Decision& decision) {
   if (!WaitFor([&] { return done_.count(decision.exec_id) > 0; }, decision.exec_id,
                options_.follow_timeout)) {
+    std::string why;
+    {
+      std::lock_guard lock(mu_);
+      auto it = cancel_reasons_.find(decision.exec_id);
+      if (it != cancel_reasons_.end()) why = " (" + it->second + ")";
+    }
     return Unavailable("replica " + std::to_string(decision.executor) +
-                       " did not finish execution " + decision.exec_id +
+                       " did not finish execution " + decision.exec_id + why +
                        "; this replica keeps the state of the last completed cell");
   }
   return done_.at(decision.exec_id).value("reply", Json::object()).dump();
 }
 
-bool ReplicaGate::Cancel(const std::string& exec_id) {
+bool ReplicaGate::Cancel(const std::string& exec_id, const std::string& reason) {
   {
     std::lock_guard lock(mu_);
     if (exec_id == started_) return false;
     cancelled_.insert(exec_id);
+    if (!reason.empty()) {
+      if (cancel_reasons_.size() >= 16) cancel_reasons_.erase(cancel_reasons_.begin());
+      cancel_reasons_[exec_id] = reason;
+    }
   }
   cv_.notify_all();
   return true;

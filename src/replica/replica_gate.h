@@ -64,7 +64,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
                 const std::string& reply_content) override;
   Result<std::string> Follow(const Decision& decision) override;
   void Pump() override;
-  bool Cancel(const std::string& exec_id) override;
+  bool Cancel(const std::string& exec_id, const std::string& reason) override;
   jupyter::Json ReplyMetadata(const Decision& decision) override;
   // Thread-safe: the replicated state as this member has applied it, stored in the blob store.
   Result<std::string> SaveCheckpoint() override;
@@ -136,9 +136,10 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Event> events_;         // guarded by mu_
-  std::set<std::string> cancelled_;  // guarded by mu_
-  std::string started_;              // guarded by mu_: the last execution begun here
+  std::deque<Event> events_;                           // guarded by mu_
+  std::set<std::string> cancelled_;                    // guarded by mu_
+  std::map<std::string, std::string> cancel_reasons_;  // guarded by mu_; exec id -> why
+  std::string started_;  // guarded by mu_: the last execution begun here
 
   // Engine's thread only.
   PythonEngine* engine_ = nullptr;

@@ -6,6 +6,7 @@ stale replica is stopped and every live replica holds the same namespace."""
 
 import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -25,11 +26,16 @@ pytestmark = pytest.mark.skipif(not _can_make_namespaces(),
 
 @pytest.fixture
 def cluster():
-    c = NetnsCluster(HOSTS)
+    # Cells record which replica ran them in a directory every sandbox may write.
+    marks = tempfile.mkdtemp(prefix="nbos-marks-")
+    os.chmod(marks, 0o1777)
+    c = NetnsCluster(HOSTS, daemon_args=("--sandbox-share", marks))
+    c.marks = marks
     try:
         yield c
     finally:
         c.close()
+        shutil.rmtree(marks, ignore_errors=True)
 
 
 def mark(marks, tag):
@@ -55,8 +61,7 @@ def run(ks, code, **kw):
 
 def test_a_cut_off_server_executes_nothing_and_the_kernel_is_whole_after_the_cut(cluster):
     c = cluster
-    marks = os.path.join(c.ps.root, "marks")
-    os.mkdir(marks)
+    marks = c.marks
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
     kid = model["id"]

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,12 +58,18 @@ def write_connection_file(key="relay-test-key"):
 
 def start_cluster():
     # Three hosts: each kernel has three replicas. Few GPUs keep the process count down on
-    # small CI machines.
-    return Cluster(hosts=3, gpus_per_host=1)
+    # small CI machines. Cells leave files for the tests in `shared`, a directory every
+    # replica's sandbox may write.
+    shared = tempfile.mkdtemp(prefix="nbos-shared-")
+    os.chmod(shared, 0o1777)
+    c = Cluster(hosts=3, gpus_per_host=1, extra=("--sandbox-share", shared))
+    c.shared = shared
+    return c
 
 
 def stop_cluster(c):
     rc = c.stop()
+    shutil.rmtree(c.shared, ignore_errors=True)
     assert rc == 0, f"nbos up exited with {rc}"
 
 

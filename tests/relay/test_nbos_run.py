@@ -145,7 +145,7 @@ def test_bad_token_and_bad_input(cluster, tmp_path):
 
 
 def test_ctrl_c_writes_the_notebook_and_deletes_the_kernel(cluster, tmp_path):
-    marker = tmp_path / "first-cell-ran"
+    marker = os.path.join(cluster.shared, f"first-cell-ran-{os.getpid()}")
     path = write(tmp_path, "interrupted.ipynb", [
         new_code_cell(f"print('ran')\nopen({str(marker)!r}, 'w').close()"),
         new_code_cell("import time\ntime.sleep(120)")])
@@ -156,7 +156,7 @@ def test_ctrl_c_writes_the_notebook_and_deletes_the_kernel(cluster, tmp_path):
         out = tmp_path / "interrupted.nbos.ipynb"
         deadline = time.time() + 120
         # The kernel runs on this machine (nbos up), so the first cell's file shows up here.
-        while not marker.exists():
+        while not os.path.exists(marker):
             assert time.time() < deadline and proc.poll() is None, proc.stderr.read()
             time.sleep(0.1)
         time.sleep(0.5)

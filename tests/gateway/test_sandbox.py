@@ -1,0 +1,150 @@
+"""Replicas are sandboxed: on `nbos up` (run as root, so with per-kernel user ids and cgroups),
+a cell of alice's kernel tries to reach bob's kernel and the cluster's state: bob's replica
+directories, /proc/<pid>/environ of bob's replicas, the gateway's database, the cluster
+credential, the blob store's listing, signalling bob's replicas. Everything fails, and bob's
+kernel keeps its state. A cell allocating more memory than its kernel subscribed (KERNEL_MEMORY)
+is stopped with an error saying so, and the other kernels on those servers keep running."""
+
+import glob
+import json
+import os
+import tempfile
+
+import pytest
+
+from cluster import Cluster, KernelSocket, rest_call
+
+TOKENS = {"alice": "alice-token-sandbox-0123", "bob": "bob-token-sandbox-01234",
+          "ops": "ops-token-sandbox-012345"}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/bwrap"),
+                                reason="per-kernel users and cgroups need root and bubblewrap")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    users = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump({"users": [{"name": n, "token": t, "admin": n == "ops"}
+                         for n, t in TOKENS.items()]}, users)
+    users.close()
+    c = Cluster(hosts=3, gpus_per_host=1, extra=("--users", users.name, "--sandbox", "on"))
+    try:
+        yield c
+    finally:
+        assert c.stop() == 0
+        os.unlink(users.name)
+    assert not c.nbos_processes()
+
+
+def start(c, user, env=None):
+    status, model = rest_call(c.url, TOKENS[user], "POST", "/api/kernels",
+                              {"name": "nbos", "env": env or {}})
+    assert status == 201, (user, status, model)
+    return model["id"], KernelSocket(c.url, model["id"], TOKENS[user])
+
+
+def run(ks, code):
+    reply, iopub = ks.execute(code)
+    text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    return reply["content"], text
+
+
+def replica_pids(kernel_id):
+    """Host pids of a kernel's replica processes (as root): those running in its directories."""
+    pids = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            cwd = os.readlink(f"/proc/{p}/cwd")
+        except OSError:
+            continue
+        if argv[1:2] == [b"replica"] and os.path.basename(cwd).startswith(kernel_id + "-"):
+            pids.append(int(p))
+    return pids
+
+
+ATTACK = r'''
+import glob, json, os, signal
+tried = {}
+def attempt(name, f):
+    try:
+        tried[name] = "succeeded: " + repr(f())[:80]
+    except Exception as e:
+        tried[name] = type(e).__name__
+for d in TARGET_DIRS:
+    attempt("list " + d, lambda: os.listdir(d))
+    attempt("read " + d, lambda: open(d + "/connection.json").read())
+    attempt("write " + d, lambda: open(d + "/planted.py", "w").write("x"))
+for pid in TARGET_PIDS:
+    attempt("environ %d" % pid, lambda: open("/proc/%d/environ" % pid, "rb").read())
+    attempt("kill %d" % pid, lambda: os.kill(pid, signal.SIGKILL))
+for path in SECRET_FILES:
+    attempt("read " + path, lambda: open(path, "rb").read() or 1 / 0)
+attempt("list blobs", lambda: os.listdir(BLOBS) or 1 / 0)
+attempt("list a blob fan-out dir", lambda: os.listdir(BLOBS + "/00") or 1 / 0)
+attempt("write /usr", lambda: open("/usr/nbos-planted", "w"))
+tried["processes visible"] = len([p for p in os.listdir("/proc") if p.isdigit()])
+tried["uid"] = os.getuid()
+tried["secrets in env"] = sorted(k for k in os.environ if "TOKEN" in k or k.startswith("AWS"))
+print(json.dumps(tried))
+'''
+
+
+def test_a_cell_cannot_reach_another_users_kernel_or_the_clusters_state(cluster):
+    c = cluster
+    bob_id, bob = start(c, "bob")
+    content, _ = run(bob, "secret = 'bob-was-here'\nopen('mine.txt', 'w').write(secret)")
+    assert content["status"] == "ok", content
+    alice_id, alice = start(c, "alice")
+    bob_dirs = sorted(glob.glob(f"{c.state_dir}/host-*/replicas/{bob_id}-*"))
+    bob_pids = replica_pids(bob_id)
+    assert len(bob_dirs) == 3 and len(bob_pids) == 3, (bob_dirs, bob_pids)
+    gateway_files = [p for p in glob.glob(f"{c.state_dir}/gateway/*") if os.path.isfile(p)]
+    assert gateway_files, "the gateway keeps its database in its state directory"
+    code = (f"TARGET_DIRS = {bob_dirs!r}\nTARGET_PIDS = {bob_pids!r}\n"
+            f"SECRET_FILES = {gateway_files + [c.state_dir + '/cluster.credential']!r}\n"
+            f"BLOBS = {c.state_dir + '/blobs'!r}\n" + ATTACK)
+    content, text = run(alice, code)
+    assert content["status"] == "ok", content
+    tried = json.loads(text)
+    print(json.dumps(tried, indent=1))
+    succeeded = {k: v for k, v in tried.items() if isinstance(v, str) and "succeeded" in v}
+    assert not succeeded, succeeded
+    assert tried["processes visible"] <= 3, tried  # bubblewrap's init, the replica, maybe a child
+    assert tried["uid"] != 0 and tried["secrets in env"] == [], tried
+
+    # Bob's kernel did not notice: same processes, same state, its files untouched.
+    assert sorted(replica_pids(bob_id)) == sorted(bob_pids)
+    content, text = run(bob, "print(secret, open('mine.txt').read(), "
+                             "__import__('os').path.exists('planted.py'))")
+    assert content["status"] == "ok" and text == "bob-was-here bob-was-here False\n", (content,
+                                                                                     text)
+    # Kernels of different users run as different users, and no replica as root.
+    bob_uids = {os.stat(d).st_uid for d in bob_dirs}
+    content, text = run(alice, "import os; print(os.getuid())")
+    assert len(bob_uids) == 1 and int(text) not in bob_uids | {0}, (bob_uids, text)
+    for ks, kid, user in ((alice, alice_id, "alice"), (bob, bob_id, "bob")):
+        ks.close()
+        assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204
+
+
+def test_a_cell_over_its_memory_is_stopped_with_a_clear_error_and_neighbours_run_on(cluster):
+    c = cluster
+    bob_id, bob = start(c, "bob")
+    assert run(bob, "total = sum(range(10))")[0]["status"] == "ok"
+    hog_id, hog = start(c, "alice", {"KERNEL_MEMORY": "300"})
+    assert run(hog, "kept = 41")[0]["status"] == "ok"
+    content, _ = run(hog, "x = b'\\x01' * (600 << 20)\nprint(len(x))")
+    assert content["status"] == "error", content
+    assert "out of memory" in content["evalue"] and "300 MB" in content["evalue"], content
+    # Its kernel goes on from the last completed cell; bob's never stopped.
+    content, text = run(hog, "print(kept + 1)")
+    assert content["status"] == "ok" and text == "42\n", (content, text)
+    content, text = run(bob, "print(total)")
+    assert content["status"] == "ok" and text == "45\n", (content, text)
+    logs = "".join(open(p).read() for p in glob.glob(f"{c.state_dir}/logs/host-*.log"))
+    assert "out of memory" in logs
+    for ks, kid, user in ((hog, hog_id, "alice"), (bob, bob_id, "bob")):
+        ks.close()
+        assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204
