@@ -171,6 +171,7 @@ void AddPrivilegedSandbox(const DaemonOptions& options, SupervisorOptions* sup) 
     return;
   }
   sup->cgroups = std::make_shared<ReplicaCgroups>(std::move(*cgroups));
+  sup->cgroups->RemoveStale();
   for (const std::string& dir : sup->cgroups->group_dirs())
     sup->sandbox_policy.writable.push_back(dir);  // a replica joins its cgroup from inside
 }

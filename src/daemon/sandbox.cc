@@ -306,10 +306,26 @@ std::vector<std::string> ReplicaCgroups::group_dirs() const {
 }
 
 void ReplicaCgroups::Remove(const std::string& name) {
-  std::error_code ec;
-  // cgroup directories are removed with rmdir alone; their files go with them.
-  fs::remove(memory_dir_ + "/" + name, ec);
-  if (!cpu_dir_.empty()) fs::remove(cpu_dir_ + "/" + name, ec);
+  for (const std::string& group : group_dirs()) {
+    // rmdir alone removes a cgroup (its files go with it). A process killed a moment ago may
+    // still be leaving it: a few tries.
+    const std::string dir = group + "/" + name;
+    for (int attempt = 0; attempt < 20 && rmdir(dir.c_str()) != 0 && errno == EBUSY; ++attempt) {
+      usleep(5000);
+    }
+  }
+}
+
+void ReplicaCgroups::RemoveStale() {
+  for (const std::string& group : group_dirs()) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(group, ec)) {
+      // Only empty cgroups can go: one in use fails with EBUSY and stays.
+      if (entry.is_directory(ec) && entry.path().filename() != "daemon") {
+        rmdir(entry.path().c_str());
+      }
+    }
+  }
 }
 
 }  // namespace nbos::daemon

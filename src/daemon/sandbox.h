@@ -91,6 +91,8 @@ class ReplicaCgroups {
   void Remove(const std::string& name);
   // Removes the group directories themselves when nothing is left in them (daemon shutdown).
   void RemoveGroups();
+  // Removes the empty replica cgroups an earlier daemon of this group left (it was killed).
+  void RemoveStale();
 
   bool unified() const { return unified_; }
   // The directories the replicas' cgroups are made in (a replica writes to its own there).

@@ -368,8 +368,8 @@ std::vector<std::string> ScenarioFiles() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Testdata, RouterScenario, testing::ValuesIn(ScenarioFiles()),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = std::filesystem::path(info.param).stem().string();
+                         [](const testing::TestParamInfo<std::string>& scenario) {
+                           std::string name = std::filesystem::path(scenario.param).stem().string();
                            for (char& c : name)
                              if (!isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name;

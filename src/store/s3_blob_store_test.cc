@@ -46,7 +46,9 @@ TEST_F(S3BlobStoreTest, LargeBlobsAreOneObjectUploadedInPartsAndReadInRanges) {
   ASSERT_TRUE(std::filesystem::exists(object));
   EXPECT_EQ(std::filesystem::file_size(object), data.size());
   const auto uploads = server_.bucket_directory() / "._S3rver_uploads";
-  if (std::filesystem::exists(uploads)) EXPECT_TRUE(std::filesystem::is_empty(uploads));
+  if (std::filesystem::exists(uploads)) {
+    EXPECT_TRUE(std::filesystem::is_empty(uploads));
+  }
   // Another reader (another host) with another part size reads it whole.
   S3BlobStoreOptions other = OptionsFor(server_);
   other.part_bytes = S3BlobStore::kMinPartBytes * 3;

@@ -110,6 +110,26 @@ class Cluster(ClusterApi):
         return self.proc.returncode
 
 
+@contextlib.contextmanager
+def users_cluster(users, extra=(), **kwargs):
+    """`nbos up --users FILE` for `users` ({name: (token, admin)}), stopped and checked for
+    leftover processes at the end; its `users_file` is the file's path."""
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    json.dump({"users": [{"name": n, "token": t, "admin": a}
+                         for n, (t, a) in users.items()]}, f)
+    f.close()
+    try:
+        c = Cluster(extra=("--users", f.name, *extra), **kwargs)
+        c.users_file = f.name
+        try:
+            yield c
+        finally:
+            assert c.stop() == 0
+        assert not c.nbos_processes()
+    finally:
+        os.unlink(f.name)
+
+
 class JupyterServer:
     """Debian's `jupyter server` with --gateway-url pointing at a cluster."""
 

@@ -8,11 +8,10 @@ is stopped with an error saying so, and the other kernels on those servers keep 
 import glob
 import json
 import os
-import tempfile
 
 import pytest
 
-from cluster import Cluster, KernelSocket, rest_call
+from cluster import KernelSocket, rest_call, users_cluster
 
 TOKENS = {"alice": "alice-token-sandbox-0123", "bob": "bob-token-sandbox-01234",
           "ops": "ops-token-sandbox-012345"}
@@ -23,17 +22,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bi
 
 @pytest.fixture(scope="module")
 def cluster():
-    users = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    json.dump({"users": [{"name": n, "token": t, "admin": n == "ops"}
-                         for n, t in TOKENS.items()]}, users)
-    users.close()
-    c = Cluster(hosts=3, gpus_per_host=1, extra=("--users", users.name, "--sandbox", "on"))
-    try:
+    with users_cluster({n: (t, n == "ops") for n, t in TOKENS.items()}, hosts=3,
+                       gpus_per_host=1, extra=("--sandbox", "on")) as c:
         yield c
-    finally:
-        assert c.stop() == 0
-        os.unlink(users.name)
-    assert not c.nbos_processes()
 
 
 def start(c, user, env=None):

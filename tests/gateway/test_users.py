@@ -7,13 +7,12 @@ re-read on SIGHUP; no token is on any command line."""
 import json
 import os
 import signal
-import tempfile
 import time
 
 import pytest
 import websocket
 
-from cluster import Cluster, KernelSocket, rest_call
+from cluster import KernelSocket, rest_call, users_cluster
 
 TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab",
           "ops": "ops-token-0123456789abc", "carol": "carol-token-0123456789"}
@@ -26,19 +25,10 @@ def users_json(names):
 
 @pytest.fixture(scope="module")
 def cluster():
-    users = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    users.write(users_json(["alice", "bob", "ops"]))
-    users.close()
-    c = Cluster(hosts=3, gpus_per_host=2,
-                extra=("--users", users.name, "--max-kernels-per-user", "2",
-                       "--max-gpus-per-user", "1"))
-    c.users_file = users.name
-    try:
+    with users_cluster({n: (TOKENS[n], n == "ops") for n in ("alice", "bob", "ops")},
+                       hosts=3, gpus_per_host=2,
+                       extra=("--max-kernels-per-user", "2", "--max-gpus-per-user", "1")) as c:
         yield c
-    finally:
-        assert c.stop() == 0
-        os.unlink(users.name)
-    assert not c.nbos_processes()
 
 
 def call(c, user, method, path, body=None):
