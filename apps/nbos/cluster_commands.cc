@@ -583,6 +583,10 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->capture_default_str();
   gw->add_option("--allowed-env", gw_args->options.allowed_env,
                  "Besides KERNEL_*, environment variables passed to kernels");
+  gw->add_option("--kernelspec-alias", gw_args->options.kernelspec_aliases,
+                 "More kernelspec names the kernel is served under, so that notebooks naming "
+                 "them open unchanged (repeatable; replaces the default; \"\" for none)")
+      ->capture_default_str();
   gw->add_option("--decision-journal", gw_args->options.decision_journal,
                  "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
   gw->add_option("--idle-suspend-minutes", gw_args->idle_suspend_minutes,

@@ -1,12 +1,19 @@
 #include "relay_commands.h"
 
+#include <signal.h>
+
+#include <cmath>
+#include <ctime>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/log.h"
+#include "http/client.h"
 #include "jupyter/connection_file.h"
+#include "relay/cluster_status.h"
 #include "relay/gateway_link.h"
 #include "relay/notebook_runner.h"
 #include "relay/relay.h"
@@ -55,6 +62,64 @@ Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args) {
   return o;
 }
 
+struct StatusArgs {
+  std::string url;
+  std::string token;
+  double watch_seconds = 0;  // 0: once
+  bool json = false;
+};
+
+// One look at the cluster: 0 when shown, 1 when the gateway could not be read, 2 when it
+// refused the token. `clear`: redraw the terminal in place (--watch).
+int ShowStatus(const StatusArgs& args, bool clear) {
+  std::string base = args.url;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  http::Headers headers;
+  if (!args.token.empty()) headers.push_back({"Authorization", "token " + args.token});
+  auto r =
+      http::HttpRequest("GET", base + "/api/nbos/cluster", headers, "", std::chrono::seconds(10));
+  std::string problem;
+  int code = 1;
+  if (!r.ok()) {
+    problem = "cannot read " + base + ": " + r.status().message();
+  } else if (r->status == 401 || r->status == 403) {
+    problem = base + " refused the token (HTTP " + std::to_string(r->status) +
+              "); give it with "
+              "--token or $NBOS_TOKEN";
+    code = 2;
+  } else if (r->status != 200) {
+    problem = base + " answered HTTP " + std::to_string(r->status) + ": " + r->body;
+  }
+  auto cluster =
+      problem.empty() ? nlohmann::json::parse(r->body, nullptr, false) : nlohmann::json();
+  if (problem.empty() && cluster.is_discarded()) problem = base + " answered with no JSON";
+  if (clear) std::cout << "\x1b[H\x1b[2J";
+  if (!problem.empty()) {
+    (clear ? std::cout : std::cerr) << "nbos status: " << problem << std::endl;
+    return code;
+  }
+  std::cout << (args.json ? cluster.dump(2) + "\n" : relay::RenderClusterStatus(cluster, base))
+            << std::flush;
+  return 0;
+}
+
+// --watch: redraws every interval until SIGINT or SIGTERM (exit 0); a gateway that cannot be
+// read meanwhile is said on screen and tried again.
+int WatchStatus(const StatusArgs& args) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigprocmask(SIG_BLOCK, &stop, nullptr);
+  for (;;) {
+    if (ShowStatus(args, /*clear=*/true) == 2) return 2;
+    const double whole = std::floor(args.watch_seconds);
+    timespec wait{static_cast<time_t>(whole),
+                  static_cast<long>((args.watch_seconds - whole) * 1e9)};
+    if (sigtimedwait(&stop, nullptr, &wait) > 0) return 0;
+  }
+}
+
 }  // namespace
 
 std::function<int()> AddRelayCommands(CLI::App& app) {
@@ -87,7 +152,28 @@ std::function<int()> AddRelayCommands(CLI::App& app) {
                     "Run every cell even if one fails (exit 0)");
   AddGatewayOptions(run_cmd, run_args.get());
 
+  auto status_args = std::make_shared<StatusArgs>();
+  auto* status_cmd = app.add_subcommand(
+      "status", "The cluster in the terminal: servers, GPUs, kernels, replicas, recent events");
+  status_cmd
+      ->add_option("--gateway", status_args->url, "Gateway URL, http://HOST:PORT ($NBOS_GATEWAY)")
+      ->envname("NBOS_GATEWAY")
+      ->required();
+  status_cmd->add_option("--token", status_args->token, "Gateway token ($NBOS_TOKEN)")
+      ->envname("NBOS_TOKEN");
+  status_cmd
+      ->add_option("--watch", status_args->watch_seconds,
+                   "Redraw every this many seconds (2 when none is given) until Ctrl-C")
+      ->expected(0, 1)
+      ->default_str("2")
+      ->check(CLI::Range(0.0, 3600.0));
+  status_cmd->add_flag("--json", status_args->json, "Print the gateway's JSON instead");
+
   return [=]() -> int {
+    if (*status_cmd) {
+      return status_args->watch_seconds > 0 ? WatchStatus(*status_args)
+                                            : ShowStatus(*status_args, /*clear=*/false);
+    }
     if (*relay_cmd) {
       auto info = jupyter::ReadConnectionFile(*connection_file);
       if (!info.ok()) {

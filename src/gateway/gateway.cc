@@ -212,6 +212,9 @@ struct Gateway::Impl {
     ho.auth = auth.get();
     ho.kernelspec_name = options.kernelspec_name;
     ho.display_name = options.display_name;
+    for (const std::string& alias : options.kernelspec_aliases)
+      if (!alias.empty() && alias != options.kernelspec_name)
+        ho.kernelspec_aliases.push_back(alias);
     ho.replicas = options.replicas;
     ho.allowed_env = options.allowed_env;
     ho.limits = ko.limits;

@@ -42,6 +42,7 @@ struct GatewayOptions {
   std::string state_dir;  // required: gateway.db lives here
   std::string kernelspec_name = "nbos";
   std::string display_name = "Python 3 (nbos, replicated)";
+  std::vector<std::string> kernelspec_aliases = {"python3"};  // see HttpApiOptions
   int replicas = 3;
   // A kernel's per-replica request when its KERNEL_* variables do not say otherwise.
   sched::Resources default_request{250, 512, 0, 0};

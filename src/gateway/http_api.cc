@@ -1,5 +1,6 @@
 #include "gateway/http_api.h"
 
+#include <fmt/format.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -166,11 +167,21 @@ std::optional<KernelRecord> HttpApi::VisibleKernel(const http::Request& r) const
   return k;
 }
 
-Json HttpApi::KernelspecModel() const {
-  Json spec{{"argv", Json::array()}, {"display_name", options_.display_name},
+bool HttpApi::ServesKernelspec(const std::string& name) const {
+  return name == options_.kernelspec_name ||
+         std::find(options_.kernelspec_aliases.begin(), options_.kernelspec_aliases.end(), name) !=
+             options_.kernelspec_aliases.end();
+}
+
+Json HttpApi::KernelspecModel(const std::string& name) const {
+  // Pickers list display names: an alias says which name it is.
+  const std::string display = name == options_.kernelspec_name
+                                  ? options_.display_name
+                                  : fmt::format("{} as {}", options_.display_name, name);
+  Json spec{{"argv", Json::array()}, {"display_name", display},
             {"language", "python"},  {"interrupt_mode", "message"},
             {"env", Json::object()}, {"metadata", {{"nbos", {{"replicas", options_.replicas}}}}}};
-  return Json{{"name", options_.kernelspec_name}, {"spec", spec}, {"resources", Json::object()}};
+  return Json{{"name", name}, {"spec", spec}, {"resources", Json::object()}};
 }
 
 void HttpApi::Install(http::Server* http) {
@@ -181,14 +192,15 @@ void HttpApi::Install(http::Server* http) {
               },
               {.public_route = true});
   http->Route("GET", "/api/kernelspecs", [this](const http::Request&) {
-    return JsonResponse(200,
-                        Json{{"default", options_.kernelspec_name},
-                             {"kernelspecs", {{options_.kernelspec_name, KernelspecModel()}}}});
+    Json specs{{options_.kernelspec_name, KernelspecModel(options_.kernelspec_name)}};
+    for (const std::string& alias : options_.kernelspec_aliases)
+      specs[alias] = KernelspecModel(alias);
+    return JsonResponse(200, Json{{"default", options_.kernelspec_name}, {"kernelspecs", specs}});
   });
   http->Route("GET", "/api/kernelspecs/{name}", [this](const http::Request& r) {
-    if (r.params.at("name") != options_.kernelspec_name)
+    if (!ServesKernelspec(r.params.at("name")))
       return Refuse(404, "no kernelspec named " + r.params.at("name"));
-    return JsonResponse(200, KernelspecModel());
+    return JsonResponse(200, KernelspecModel(r.params.at("name")));
   });
   http->Route("GET", "/kernelspecs/{name}/{file}", [this](const http::Request& r) {
     return Refuse(404, "no resource " + r.params.at("file"));
@@ -304,7 +316,7 @@ http::Response HttpApi::PostKernel(const http::Request& r) {
     if (!it->is_string()) return Refuse(400, "name must be a string (a kernelspec name)");
     name = it->get<std::string>();
   }
-  if (name != options_.kernelspec_name) return Refuse(404, "no kernelspec named " + name);
+  if (!ServesKernelspec(name)) return Refuse(404, "no kernelspec named " + name);
   std::map<std::string, std::string> env;
   if (auto it = body.find("env"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return Refuse(400, "env must be an object of strings");

@@ -36,6 +36,10 @@ struct HttpApiOptions {
   auth::GatewayAuthenticator* auth = nullptr;  // required
   std::string kernelspec_name = "nbos";
   std::string display_name;
+  // More names the same kernel is served under (the conventional python3, so that notebooks from
+  // anywhere, and jupyter_server's own default, start it). A kernel keeps the name it was started
+  // under.
+  std::vector<std::string> kernelspec_aliases;
   int replicas = 3;
   std::vector<std::string> allowed_env;  // besides KERNEL_*, names a start may pass to replicas
   ClientLimits limits;
@@ -55,13 +59,16 @@ class HttpApi {
   // The kernel named by the route's {kernel_id} when the caller may use it.
   std::optional<KernelRecord> VisibleKernel(const http::Request& r) const;
   http::Response PostKernel(const http::Request& r);
+  bool ServesKernelspec(const std::string& name) const;
+
   http::Response PostMigrate(const http::Request& r);
   http::Response PostDrain(const http::Request& r);
   // The request body as a JSON object (empty: {}), or the 400 answer.
   std::variant<jupyter::Json, http::Response> BodyObject(const http::Request& r);
   http::Response Refuse(int status, const std::string& message);
   http::Response Refuse(const Status& s);
-  jupyter::Json KernelspecModel() const;
+  // The kernelspec model of `name` (the kernel's own name or an alias).
+  jupyter::Json KernelspecModel(const std::string& name) const;
   jupyter::Json ClusterJson(const http::Identity& viewer) const;
   std::string Metrics() const;
   Result<std::shared_ptr<http::WsHandler>> OpenChannels(const http::Request& r,

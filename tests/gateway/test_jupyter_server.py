@@ -8,7 +8,7 @@ import time
 import pytest
 
 import test_differential as diff
-from cluster import KernelSocket, run_notebook
+from cluster import JupyterServer, KernelSocket, run_notebook
 
 NOTEBOOKS = diff.NOTEBOOKS
 
@@ -19,7 +19,36 @@ def test_kernelspecs_come_from_the_gateway(jupyter_server):
     status, specs = jupyter_server.cluster_like.request("GET", "/api/kernelspecs")
     assert status == 200
     assert specs["default"] == "nbos"
-    assert "nbos" in specs["kernelspecs"]
+    assert {"nbos", "python3"} <= set(specs["kernelspecs"]), specs
+    assert specs["kernelspecs"]["python3"]["spec"]["display_name"].endswith(" as python3")
+
+
+def test_a_notebook_naming_python3_opens_on_a_fresh_server_at_once(cluster):
+    """What a notebook from anywhere does: its metadata says python3, and the front end's first
+    call to a Jupyter Server that has never listed kernelspecs opens a session for it."""
+    js = JupyterServer(cluster)
+    try:
+        status, session = js.cluster_like.request("POST", "/api/sessions", {
+            "path": "from-elsewhere.ipynb", "type": "notebook", "name": "",
+            "kernel": {"name": "python3"}})
+        assert status == 201, session
+        assert session["kernel"]["name"] == "python3", session
+        ks = KernelSocket(js.url, session["kernel"]["id"], js.token)
+        reply, iopub = ks.execute("print(6 * 7)")
+        ks.close()
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert [m["content"]["text"] for m in iopub if m["msg_type"] == "stream"] == ["42\n"]
+        # The gateway ran it as its own replicated kernel, under the name asked for.
+        status, model = cluster.request("GET", f"/api/kernels/{session['kernel']['id']}")
+        assert status == 200 and model["name"] == "python3", model
+        assert reply["metadata"]["nbos"]["executor"] in (1, 2, 3), reply["metadata"]
+        assert js.cluster_like.request("DELETE", f"/api/sessions/{session['id']}")[0] == 204
+        assert cluster.request("GET", f"/api/kernels/{session['kernel']['id']}")[0] == 404
+        # Names the gateway does not serve are still refused.
+        status, _ = cluster.request("POST", "/api/kernels", {"name": "julia-1.9"})
+        assert status == 404
+    finally:
+        js.stop()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
