@@ -28,10 +28,11 @@ tsan-test: tsan
 	bash scripts/tsan-test
 
 # Starts the platform on its embedded default: a gateway and UP_HOSTS daemons with virtual GPUs on
-# this machine (`nbos up`), serving until Ctrl-C. UP_ARGS passes more options (--port, --token...).
+# this machine (`nbos up`) with Jupyter Notebook on it for the browser (--frontend), serving until
+# Ctrl-C. UP_ARGS passes more options (--port, --token...).
 UP_HOSTS ?= 4
 run: bootstrap build
-	build/bin/nbos up --hosts $(UP_HOSTS) $(UP_ARGS)
+	build/bin/nbos up --hosts $(UP_HOSTS) --frontend $(UP_ARGS)
 
 # The standalone kernel as a local kernelspec, executing examples/hello.ipynb.
 example: bootstrap build

@@ -117,6 +117,9 @@ struct UpArgs {
   int warm_pool = 1;
   std::string sandbox = "auto";
   std::vector<std::string> sandbox_share;
+  bool frontend = false;
+  int frontend_port = 0;     // 0: any free port
+  std::string frontend_dir;  // its notebooks; default: the current directory
   std::string state_dir;
   std::string decision_journal;
   std::string blob_store;  // default dir://STATE/blobs
@@ -320,6 +323,26 @@ bool GatewayAnswers(int port) {
   return ok;
 }
 
+// `nbos up --frontend`: Debian's Jupyter Notebook 6 on the gateway (--gateway-url), so a browser
+// is all a user needs. Its token and the gateway's go by environment, not command line.
+Child FrontendChild(UpArgs& args) {
+  if (args.frontend_port == 0) args.frontend_port = FreePort();
+  if (args.frontend_dir.empty()) args.frontend_dir = fs::current_path().string();
+  std::error_code ec;
+  fs::create_directories(args.state_dir + "/frontend", ec);
+  Child c{"frontend",
+          {"/usr/bin/python3", "-m", "notebook", "--no-browser", "--ip=127.0.0.1",
+           "--port=" + std::to_string(args.frontend_port), "--port-retries=0",
+           "--notebook-dir=" + fs::absolute(args.frontend_dir).string()},
+          {{"JUPYTER_GATEWAY_URL", "http://127.0.0.1:" + std::to_string(args.port)},
+           {"JUPYTER_GATEWAY_AUTH_TOKEN", args.token},
+           {"JUPYTER_TOKEN", args.token},
+           {"JUPYTER_CONFIG_DIR", args.state_dir + "/frontend/config"},
+           {"JUPYTER_RUNTIME_DIR", args.state_dir + "/frontend/runtime"}}};
+  if (geteuid() == 0) c.argv.push_back("--allow-root");
+  return c;
+}
+
 void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
   // Daemons first (they stop their replicas), then the gateway.
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
@@ -509,9 +532,14 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (args.frontend) children.push_back(FrontendChild(args));  // the last one: stopped first
   for (size_t i = 1; i < children.size(); ++i)
     children[i].pid = Spawn(children[i], log_of(children[i]));
   std::cout << "gateway: http://127.0.0.1:" << args.port << " token: " << args.token << std::endl;
+  if (args.frontend) {
+    std::cout << "frontend: http://127.0.0.1:" << args.frontend_port << "/?token=" << args.token
+              << std::endl;
+  }
 
   // Serve until told to stop; restart a child that dies (a restarted gateway finds its kernels
   // in its database, a restarted daemon its replicas' directories).
@@ -699,6 +727,12 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   up->add_option("--port", up_args->port, "Gateway HTTP port (0: any)")->capture_default_str();
+  up->add_flag("--frontend", up_args->frontend,
+               "Also serve Jupyter Notebook (Debian's, on the gateway) for the browser");
+  up->add_option("--frontend-port", up_args->frontend_port, "Its HTTP port (0: any)")
+      ->capture_default_str();
+  up->add_option("--frontend-dir", up_args->frontend_dir,
+                 "Where its notebooks live (default: the current directory)");
   up->add_option("--warm-pool", up_args->warm_pool, "Pre-started replica processes per server")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
