@@ -133,6 +133,8 @@ SandboxPolicy BaseSandboxPolicy(const DaemonOptions& options, const std::string&
       policy.hidden_files.push_back(path);
     }
   }
+  // Replicas run the daemon's nbos, wherever it lies (a build tree under /tmp, say).
+  policy.readable.push_back(fs::absolute(options.nbos_binary).string());
   policy.writable.push_back(replicas_dir);
   std::error_code ec;
   for (const std::string& p : options.sandbox_share) {
@@ -188,7 +190,9 @@ Status ConfigureSandbox(const DaemonOptions& options, const std::string& replica
     return InvalidArgument("--sandbox is auto, on or off, not '" + options.sandbox + "'");
   }
   sup->sandbox_policy = BaseSandboxPolicy(options, replicas_dir);
-  if (Status probe = ProbeSandbox(sup->sandbox_policy); !probe.ok()) {
+  if (Status probe =
+          ProbeSandbox(sup->sandbox_policy, {sup->sandbox_policy.readable.front(), "--version"});
+      !probe.ok()) {
     if (options.sandbox == "on") return probe;
     spdlog::warn("replicas are not sandboxed: {}", probe.message());
     return Status::Ok();

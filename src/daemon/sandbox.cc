@@ -125,6 +125,7 @@ std::vector<std::string> SandboxCommand(const SandboxPolicy& policy,
   for (const std::string& path : policy.hidden_files) {
     cmd.insert(cmd.end(), {"--ro-bind", "/dev/null", path});
   }
+  for (const std::string& path : policy.readable) cmd.insert(cmd.end(), {"--ro-bind", path, path});
   for (const std::string& path : policy.writable) cmd.insert(cmd.end(), {"--bind", path, path});
   for (const std::string& path : policy.devices) cmd.insert(cmd.end(), {"--dev-bind", path, path});
   cmd.push_back("--");
@@ -182,8 +183,8 @@ std::string FindExecutable(const std::string& name) {
   return name;
 }
 
-Status ProbeSandbox(const SandboxPolicy& policy) {
-  std::vector<std::string> argv = SandboxCommand(policy, {"/bin/true"});
+Status ProbeSandbox(const SandboxPolicy& policy, const std::vector<std::string>& probe) {
+  std::vector<std::string> argv = SandboxCommand(policy, probe);
   std::vector<std::string> env = BuildEnvironment({});
   int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
   int pipe_fds[2];

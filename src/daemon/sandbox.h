@@ -34,9 +34,11 @@ struct SandboxPolicy {
   std::string bwrap = "bwrap";            // the bubblewrap binary (PATH lookup if no slash)
   std::vector<std::string> hidden;        // absolute directories covered by an empty tmpfs
   std::vector<std::string> hidden_files;  // absolute files replaced by an empty one
-  std::vector<std::string> writable;      // absolute paths bound read-write (inside hidden ones)
-  std::vector<std::string> devices;       // device nodes bound in (e.g. /dev/nvidia0)
-  std::vector<std::string> env_passed;    // names (or PREFIX* patterns) kept from the daemon's env
+  // Absolute paths bound read-only, visible even under a hidden path or /tmp (the nbos binary).
+  std::vector<std::string> readable;
+  std::vector<std::string> writable;    // absolute paths bound read-write (inside hidden ones)
+  std::vector<std::string> devices;     // device nodes bound in (e.g. /dev/nvidia0)
+  std::vector<std::string> env_passed;  // names (or PREFIX* patterns) kept from the daemon's env
 };
 
 // The daemon environment names a replica needs, before any operator addition: locale, PATH, the
@@ -66,8 +68,10 @@ std::string FindExecutable(const std::string& name);
 // root-owned mode 0711 with its 256 fan-out directories ahead, mode 01733 (sticky).
 Status PrepareSharedBlobDirectory(const std::string& root);
 
-// Whether bubblewrap can build a sandbox here (runs `bwrap ... true`); the error says why not.
-Status ProbeSandbox(const SandboxPolicy& policy);
+// Whether bubblewrap can build a sandbox here and run `probe` in it (e.g. `nbos --version`, which
+// also shows that the binary is visible inside); the error says why not.
+Status ProbeSandbox(const SandboxPolicy& policy,
+                    const std::vector<std::string>& probe = {"/bin/true"});
 
 // Per-replica cgroups under the daemon's own, for cgroup v2 (one unified tree) or v1 (the
 // memory and cpu controllers' trees). Not thread-safe: the Supervisor calls it under its lock.

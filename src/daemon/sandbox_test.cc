@@ -29,6 +29,7 @@ TEST(SandboxCommand, HidesStateBindsBackWhatIsNeededAndEndsWithTheCommand) {
   policy.hidden = {"/srv/nbos/host-1", "/srv/nbos"};
   policy.hidden_files = {"/etc/nbos/cluster.credential"};
   policy.writable = {"/srv/nbos/host-1/replicas"};
+  policy.readable = {"/srv/nbos/bin/nbos"};
   policy.devices = {"/dev/nvidia0"};
   std::vector<std::string> cmd = SandboxCommand(policy, {"/usr/bin/nbos", "replica", "-f", "x"});
   ASSERT_GE(cmd.size(), 5u);
@@ -47,6 +48,7 @@ TEST(SandboxCommand, HidesStateBindsBackWhatIsNeededAndEndsWithTheCommand) {
   EXPECT_LT(root, hide);
   EXPECT_LT(hide, back);
   EXPECT_LT(back, static_cast<long>(cmd.size()));
+  EXPECT_LT(hide, at({"--ro-bind", "/srv/nbos/bin/nbos", "/srv/nbos/bin/nbos"}));
   EXPECT_LT(at({"--ro-bind", "/dev/null", "/etc/nbos/cluster.credential"}),
             static_cast<long>(cmd.size()));
   EXPECT_LT(at({"--dev-bind", "/dev/nvidia0", "/dev/nvidia0"}), static_cast<long>(cmd.size()));
