@@ -190,9 +190,10 @@ Status ConfigureSandbox(const DaemonOptions& options, const std::string& replica
     return InvalidArgument("--sandbox is auto, on or off, not '" + options.sandbox + "'");
   }
   sup->sandbox_policy = BaseSandboxPolicy(options, replicas_dir);
-  if (Status probe =
-          ProbeSandbox(sup->sandbox_policy, {sup->sandbox_policy.readable.front(), "--version"});
-      !probe.ok()) {
+  // The probe also shows that the replicas' binary can be run in there.
+  const std::vector<std::string> probe_argv = {"/bin/sh", "-c", "test -x \"$0\"",
+                                               sup->sandbox_policy.readable.front()};
+  if (Status probe = ProbeSandbox(sup->sandbox_policy, probe_argv); !probe.ok()) {
     if (options.sandbox == "on") return probe;
     spdlog::warn("replicas are not sandboxed: {}", probe.message());
     return Status::Ok();

@@ -2,12 +2,16 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -186,26 +190,39 @@ std::string FindExecutable(const std::string& name) {
 Status ProbeSandbox(const SandboxPolicy& policy, const std::vector<std::string>& probe) {
   std::vector<std::string> argv = SandboxCommand(policy, probe);
   std::vector<std::string> env = BuildEnvironment({});
-  int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
   int pipe_fds[2];
-  if (null_fd < 0 || pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    if (null_fd >= 0) close(null_fd);
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return Unavailable(std::string("cannot probe the sandbox: ") + strerror(errno));
   }
   Result<pid_t> pid = SpawnProcess(argv, env, -1, pipe_fds[1], "/");
   close(pipe_fds[1]);
-  close(null_fd);
+  if (!pid.ok()) {
+    close(pipe_fds[0]);
+    return Unavailable(pid.status().message());
+  }
+  // Bounded: a probe that hangs is a failed one, and the daemon must still start.
   std::string said;
+  bool ended = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  pollfd readable{pipe_fds[0], POLLIN, 0};
   char buf[512];
-  for (ssize_t n; pid.ok() && (n = read(pipe_fds[0], buf, sizeof buf)) > 0;) said.append(buf, n);
+  while (!ended) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || poll(&readable, 1, static_cast<int>(left.count())) <= 0) break;
+    const ssize_t n = read(pipe_fds[0], buf, sizeof buf);
+    if (n > 0) said.append(buf, static_cast<size_t>(n));
+    ended = n <= 0;
+  }
   close(pipe_fds[0]);
-  if (!pid.ok()) return Unavailable(pid.status().message());
+  if (!ended) kill(-*pid, SIGKILL);
   int status = 0;
   waitpid(*pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::Ok();
+  if (ended && WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::Ok();
   while (!said.empty() && said.back() == '\n') said.pop_back();
-  return Unavailable(fmt::format("{} cannot make a sandbox here: {}", policy.bwrap,
-                                 said.empty() ? "it failed" : said));
+  if (!ended) said = "the probe did not finish within 10 s";
+  return Unavailable(fmt::format("{} cannot make a sandbox that runs {} here: {}", policy.bwrap,
+                                 fmt::join(probe, " "), said.empty() ? "it failed" : said));
 }
 
 Result<ReplicaCgroups> ReplicaCgroups::Open(const std::string& root,
