@@ -110,6 +110,19 @@ class Cluster(ClusterApi):
         return self.proc.returncode
 
 
+def wait_answering(url, what, proc=None, timeout=60):
+    """Polls `url` until it answers; fails when `proc` (if given) exits or `timeout` passes."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            assert proc is None or proc.poll() is None, f"{what} exited"
+            assert time.time() < deadline, f"{what} did not answer"
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def users_cluster(users, extra=(), **kwargs):
     """`nbos up --users FILE` for `users` ({name: (token, admin)}), stopped and checked for
@@ -148,15 +161,7 @@ class JupyterServer:
              f"--ServerApp.root_dir={self.root}"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/api?token={self.token}", timeout=2)
-                break
-            except OSError:
-                assert self.proc.poll() is None, "jupyter server exited"
-                assert time.time() < deadline, "jupyter server did not start"
-                time.sleep(0.2)
+        wait_answering(f"{self.url}/api?token={self.token}", "jupyter server", self.proc)
         self.cluster_like = _Rest(self.url, self.token)
 
     def stop(self):

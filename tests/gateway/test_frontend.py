@@ -4,10 +4,9 @@ replicated kernel and runs a cell; stopping `nbos up` stops it too."""
 
 import os
 import re
-import time
 import urllib.request
 
-from cluster import Cluster, KernelSocket, rest_call
+from cluster import Cluster, KernelSocket, rest_call, wait_answering
 
 
 def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
@@ -18,14 +17,7 @@ def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
         m = re.match(r"frontend: (http://127\.0\.0\.1:(\d+))/\?token=(\S+)$", line.strip())
         assert m, f"nbos up printed {line!r}"
         url, port, token = m.group(1), m.group(2), m.group(3)
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                assert time.time() < deadline, "the front end did not answer"
-                time.sleep(0.2)
+        wait_answering(f"{url}/api/status?token={token}", "the front end")
         frontend_pid = next(int(p) for p in filter(str.isdigit, os.listdir("/proc"))
                             if f"--port={port}".encode() in _cmdline(p))
         # The tree page a browser opens first.
