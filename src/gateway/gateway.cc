@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gateway/control_plane.h"
+#include "gateway/dashboard.h"
 #include "gateway/edge_counters.h"
 #include "gateway/host_provider.h"
 #include "gateway/http_api.h"
@@ -50,6 +51,7 @@ struct Gateway::Impl {
   std::unique_ptr<ControlPlane> control;
   std::unique_ptr<auth::GatewayAuthenticator> auth;
   std::unique_ptr<HttpApi> api;
+  std::unique_ptr<Dashboard> dashboard;
   http::Server http;
 
   // A kernel whose lost replica could not be replaced (no majority, no server) tries again after
@@ -221,6 +223,11 @@ struct Gateway::Impl {
     api = std::make_unique<HttpApi>(ho, registry.get(), kernels.get(), migrator.get(), &counters,
                                     [this] { return ExceptionsCaught(); });
     api->Install(&http);
+    dashboard = std::make_unique<Dashboard>(
+        DashboardOptions{}, registry.get(),
+        [api = api.get()](const http::Identity& viewer) { return api->ClusterJson(viewer); });
+    dashboard->Install(&http);
+    dashboard->Start();
     http::ServerOptions so;
     so.address = options.address;
     so.port = options.port;
@@ -241,6 +248,7 @@ struct Gateway::Impl {
       monitor_cv.SignalAll();
     }
     if (monitor.joinable()) monitor.join();
+    if (dashboard) dashboard->Stop();
     http.Stop();
     if (control) control->Stop();
     if (migrator) migrator->Stop();

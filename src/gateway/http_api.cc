@@ -421,6 +421,8 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
               {"resources", ResourcesJson(k.request)},
               {"executor", executor},
               {"execution_state", k.session ? k.session->execution_state() : "starting"},
+              {"executing_replica", k.session ? k.session->executing_replica() : 0},
+              {"cell_waiting", k.session && k.session->cell_waiting()},
               {"suspended", k.suspended},
               {"replicas", std::move(replicas)},
               {"migration", std::move(migration)}};
@@ -473,6 +475,30 @@ void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* regist
 
 }  // namespace
 
+namespace {
+
+// The last 50 cluster events the viewer may see: the cluster's own and its kernels' ones (an
+// admin's: all).
+Json EventsJson(const RegistrySnapshot& snap, const http::Identity& viewer) {
+  constexpr size_t kEventsShown = 50;
+  std::set<std::string> visible;
+  for (const KernelRecord& k : snap.kernels)
+    if (VisibleTo(viewer, k)) visible.insert(k.meta.kernel_id);
+  Json events = Json::array();
+  for (const RegistryCounters::Event& e : snap.counters.events) {
+    if (!viewer.admin && !e.kernel_id.empty() && !visible.count(e.kernel_id)) continue;
+    events.push_back(Json{{"seq", e.seq},
+                          {"at_unix_ms", e.at_unix_ms},
+                          {"kind", e.kind},
+                          {"kernel_id", e.kernel_id},
+                          {"text", e.text}});
+  }
+  if (events.size() > kEventsShown) events.erase(events.begin(), events.end() - kEventsShown);
+  return events;
+}
+
+}  // namespace
+
 Json HttpApi::ClusterJson(const http::Identity& viewer) const {
   const RegistrySnapshot snap = registry_->Snapshot();
   Json out{{"servers", Json::array()}, {"kernels", Json::array()}};
@@ -504,6 +530,7 @@ Json HttpApi::ClusterJson(const http::Identity& viewer) const {
   out["scaling"] = Json{{"scale_outs", snap.counters.scale_outs},
                         {"scale_ins", snap.counters.scale_ins},
                         {"events", std::move(events)}};
+  out["events"] = EventsJson(snap, viewer);
   return out;
 }
 

@@ -55,6 +55,9 @@ class HttpApi {
   // Adds every route and the authenticator to `server` (before it starts).
   void Install(http::Server* server);
 
+  // GET /api/nbos/cluster as `viewer` sees it (their kernels; an admin's: all). Thread-safe.
+  jupyter::Json ClusterJson(const http::Identity& viewer) const;
+
  private:
   // The kernel named by the route's {kernel_id} when the caller may use it.
   std::optional<KernelRecord> VisibleKernel(const http::Request& r) const;
@@ -69,7 +72,6 @@ class HttpApi {
   http::Response Refuse(const Status& s);
   // The kernelspec model of `name` (the kernel's own name or an alias).
   jupyter::Json KernelspecModel(const std::string& name) const;
-  jupyter::Json ClusterJson(const http::Identity& viewer) const;
   std::string Metrics() const;
   Result<std::shared_ptr<http::WsHandler>> OpenChannels(const http::Request& r,
                                                         std::shared_ptr<http::WsConnection> conn);

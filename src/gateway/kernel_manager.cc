@@ -136,6 +136,9 @@ Result<std::shared_ptr<KernelSession>> KernelManager::StartSession(const KernelR
                  [this, kernel_id, restart] { OnShutdownRequested(kernel_id, restart); });
   };
   o.hooks.rejected = [this](RejectClass reason) { counters_->Rejected(reason); };
+  o.hooks.execution_started = [this](int64_t delay_us) {
+    registry_->RecordExecutionDelay(static_cast<double>(delay_us) / 1000.0);
+  };
   auto session = KernelSession::Start(std::move(o));
   if (!session.ok()) return session.status();
   return std::shared_ptr<KernelSession>(std::move(*session));

@@ -113,6 +113,7 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                  [&](InterruptRequested&) { OnInterrupt(&out); },
                  [&](ExecutionsHeld& e) {
                    held_ = e.held;
+                   held_why_ = e.why;
                    Pump(&out);
                  },
                  [&](ProbeRequested& e) { OnProbe(e, &out); },
@@ -191,6 +192,10 @@ void KernelRouter::AnswerWithError(ClientId client, Channel channel, const Messa
                                    Effects* out, bool with_busy) {
   const bool execute = request.msg_type() == "execute_request";
   const std::string reply_type = jupyter::ReplyTypeFor(request.msg_type());
+  if (request.msg_id() == busy_sent_for_) {
+    with_busy = false;  // sent ahead of its status line
+    busy_sent_for_.clear();
+  }
   if (with_busy) {
     Broadcast(Channel::kIopub,
               factory_.Make("status", Json{{"execution_state", "busy"}}, request.header), out);
@@ -280,6 +285,7 @@ void KernelRouter::Pump(Effects* out) {
       resume_wanted_ = true;
       out->push_back(ResumeWanted{});
     }
+    if (!shell_queue_.empty()) ShowWait("starting the kernel's replicas again (it was idle)", out);
     return;
   }
   while (!shell_queue_.empty()) {
@@ -298,7 +304,10 @@ void KernelRouter::Pump(Effects* out) {
       shell_queue_.pop_front();
       continue;
     }
-    if (in_flight_ || held_ || planning_.plan_id || planning_.timer_id) return;
+    if (in_flight_) return;
+    if (held_) ShowWait(held_why_.empty() ? "the kernel's replicas are changing" : held_why_, out);
+    if (recovery_.running) ShowWait("the cell the previous gateway started is still running", out);
+    if (held_ || planning_.plan_id || planning_.timer_id) return;
     if (recovery_.asking || recovery_.running) return;
     const Json& nbos = NbosMetadata(head.request);
     PlanWanted want;
@@ -326,8 +335,7 @@ void KernelRouter::OnPlanDone(PlanDone& done, Effects* out) {
   }
   planning_.plan_id = 0;
   if (!done.plan.ok()) {
-    Queued head = std::move(shell_queue_.front());
-    shell_queue_.pop_front();
+    Queued head = PopHead(out);
     planning_.logged_wait = false;
     reply_to_.erase(head.request.msg_id());
     AnswerWithError(head.client, Channel::kShell, head.request, "ResourceError",
@@ -342,6 +350,11 @@ void KernelRouter::OnPlanDone(PlanDone& done, Effects* out) {
       planning_.logged_wait = true;
       ++stats_.waited_for_gpus;
     }
+    ShowWait(!done.wait.empty() ? done.wait
+             : CellGpus(shell_queue_.front().request) > 0
+                 ? "no server of this kernel's replicas has them free"
+                 : "the kernel's servers to register",
+             out);
     planning_.timer_id = ++next_timer_id_;
     out->push_back(TimerWanted{planning_.timer_id, options_.replan_interval_ms});
     return;
@@ -367,8 +380,8 @@ void KernelRouter::OnTimer(const TimerFired& timer, Effects* out) {
 }
 
 void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
-  Queued head = std::move(shell_queue_.front());
-  shell_queue_.pop_front();
+  Json waits = Json::array();
+  Queued head = PopHead(out, &waits);
   planning_.logged_wait = false;
   ++sequence_;
   recovery_.reply.reset();  // clients attaching from now on follow the new cell
@@ -385,17 +398,68 @@ void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
   f.received_us = head.received_us;
   f.planned_us = f.sent_us = now_us_;
   f.stop_on_error = BoolField(head.request.content, "stop_on_error", true);
+  f.waits = std::move(waits);
   const std::set<ReplicaId> live = live_replicas();
   std::vector<ReplicaId> to(live.begin(), live.end());
-  merger_.Expect(f.msg_id, to);
+  merger_.Expect(f.msg_id, to, f.msg_id == busy_sent_for_);
+  busy_sent_for_.clear();
   SendTo(to, Channel::kShell, head.request, out);
+  out->push_back(ExecutionStarted{f.exec_id, now_us_ - std::max(f.received_us, last_reply_us_)});
   in_flight_ = std::move(f);
   ++stats_.executions;
+}
+
+KernelRouter::Queued KernelRouter::PopHead(Effects* out, Json* waits) {
+  Queued head = std::move(shell_queue_.front());
+  shell_queue_.pop_front();
+  if (notice_.msg_id != head.request.msg_id()) return head;
+  if (!notice_.text.empty()) {
+    notice_.waits.push_back(
+        Json{{"for", notice_.text}, {"ms", (now_us_ - notice_.since_us) / 1000}});
+    // Only the status line can be among the cell's outputs yet: nothing of it has run.
+    Broadcast(Channel::kIopub,
+              factory_.Make("clear_output", Json{{"wait", false}}, head.request.header), out);
+  }
+  if (waits != nullptr) *waits = std::move(notice_.waits);
+  notice_ = WaitNotice{};
+  return head;
+}
+
+void KernelRouter::ShowWait(const std::string& detail, Effects* out) {
+  if (shell_queue_.empty()) return;
+  const Message& request = shell_queue_.front().request;
+  if (request.msg_type() != "execute_request") return;
+  const int gpus = CellGpus(request);
+  const std::string text =
+      gpus > 0 ? fmt::format("waiting for {} GPU{}: {}", gpus, gpus == 1 ? "" : "s", detail)
+               : "waiting: " + detail;
+  if (notice_.msg_id != request.msg_id()) notice_ = WaitNotice{.msg_id = request.msg_id()};
+  if (notice_.text == text) return;
+  const bool first = notice_.text.empty();
+  if (!first) {
+    notice_.waits.push_back(
+        Json{{"for", notice_.text}, {"ms", (now_us_ - notice_.since_us) / 1000}});
+  }
+  notice_.text = text;
+  notice_.since_us = now_us_;
+  if (first) {
+    // A kernel says busy before anything else of a request; the replicas' busy comes later.
+    busy_sent_for_ = request.msg_id();
+    Broadcast(Channel::kIopub,
+              factory_.Make("status", Json{{"execution_state", "busy"}}, request.header), out);
+  }
+  Json content{{"data", {{"text/plain", text}}},
+               {"metadata", Json::object()},
+               {"transient", {{"display_id", "nbos-wait-" + request.msg_id()}}}};
+  Broadcast(Channel::kIopub,
+            factory_.Make(first ? "display_data" : "update_display_data", content, request.header),
+            out);
 }
 
 void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   InFlight done = std::move(*in_flight_);
   in_flight_.reset();
+  last_reply_us_ = now_us_;
   if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
   auto nbos_it = reply->metadata.find("nbos");
   if (nbos_it == reply->metadata.end() || !nbos_it->is_object()) {
@@ -417,6 +481,7 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
                             {"sent", done.sent_us},
                             {"releasing", now_us_},
                             {"replied", now_us_}};
+  if (!done.waits.empty()) nbos["waits"] = std::move(done.waits);
   abort_after_reply_ = StringField(reply->content, "status") == "error" && done.stop_on_error;
 }
 
@@ -446,8 +511,7 @@ void KernelRouter::AbortQueuedExecutions(Effects* out) {
 // majority is back or replaced). stop_on_error does not apply: this cell did not run.
 void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
   planning_ = Planning{};  // a plan or timer still due for this cell is stale (and released)
-  Queued head = std::move(shell_queue_.front());
-  shell_queue_.pop_front();
+  Queued head = PopHead(out);
   reply_to_.erase(head.request.msg_id());
   ++stats_.failed_without_quorum;
   AnswerWithError(head.client, Channel::kShell, head.request, "ReplicasUnavailable",
@@ -471,8 +535,7 @@ std::string KernelRouter::NoQuorumMessage(size_t live) const {
 void KernelRouter::CancelWaitingExecution(Effects* out) {
   if (shell_queue_.empty() || shell_queue_.front().request.msg_type() != "execute_request") return;
   planning_ = Planning{};  // a plan that still arrives is released as stale
-  Queued head = std::move(shell_queue_.front());
-  shell_queue_.pop_front();
+  Queued head = PopHead(out);
   reply_to_.erase(head.request.msg_id());
   AnswerWithError(head.client, Channel::kShell, head.request, "KeyboardInterrupt",
                   "interrupted while waiting for an executor", out);

@@ -21,6 +21,15 @@
 //   plan that is nullopt is asked again after `replan_interval_ms` (TimerWanted); a plan error
 //   fails the request with that error. Other shell requests go to the primary replica (the last
 //   executor) at once; comm messages have no reply and are not tracked.
+// - Waiting shows: while the head execute_request waits for an executor (a plan of nullopt, held
+//   executions, a suspended kernel starting again, a previous gateway's cell still running),
+//   every client sees one status line under the request's header (after a busy status the
+//   gateway sends for it; the replicas' own busy is then not forwarded): display_data with
+//   transient.display_id "nbos-wait-<msg_id>", text "waiting for N GPUs: <why>" ("waiting:
+//   <why>" for a cell without GPUs), then update_display_data when the reason changes. When the
+//   cell starts, or is answered without running, a clear_output (wait false) removes the line
+//   before anything else of the cell. The reply's metadata nbos.waits lists each line shown with
+//   how long it stood ({"for", "ms"}).
 // - stop_on_error: an execute_reply with status error aborts the execute_requests queued behind
 //   it (each answered "aborted" with busy/idle), as ipykernel does.
 // - Control requests go to the executing replica, else the primary. An interrupt (client or
@@ -144,6 +153,8 @@ struct ReplicaUnlinked {
 struct PlanDone {
   uint64_t plan_id = 0;
   Result<std::optional<ExecutionPlan>> plan = std::optional<ExecutionPlan>();
+  // With nullopt: what the cell waits for, for the user ("moving replica 2 to host-4 (≈ 0.3 s)").
+  std::string wait;
 };
 struct TimerFired {
   uint64_t timer_id = 0;
@@ -153,6 +164,7 @@ struct InterruptRequested {};
 // While held, no new execution starts; other requests flow and an execution in flight goes on.
 struct ExecutionsHeld {
   bool held = false;
+  std::string why;  // what a waiting cell is told ("moving replica 2 to host-4")
 };
 // kernel_info_request to each of `replicas`; each answer comes out as ProbeAnswered.
 struct ProbeRequested {
@@ -235,15 +247,22 @@ struct ControlCallAnswered {
 };
 // A suspended kernel got a request that needs its replicas: the owner starts them again.
 struct ResumeWanted {};
+// An execution went to the replicas. `delay_us`: from when it could have started (its arrival,
+// or the previous cell's reply if later) to now: what waiting for an executor cost the user.
+struct ExecutionStarted {
+  std::string exec_id;
+  int64_t delay_us = 0;
+};
 // A client input was refused (see client_validation.h for the classes).
 struct InputRejected {
   RejectClass reason = RejectClass::kFrame;
   std::string detail;
 };
 
-using RouterEffect = std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient,
-                                  PlanWanted, GrantReleaseWanted, TimerWanted, ShutdownWanted,
-                                  ProbeAnswered, ControlCallAnswered, InputRejected, ResumeWanted>;
+using RouterEffect =
+    std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient, PlanWanted,
+                 GrantReleaseWanted, TimerWanted, ShutdownWanted, ProbeAnswered,
+                 ControlCallAnswered, InputRejected, ResumeWanted, ExecutionStarted>;
 
 // ---- The router -------------------------------------------------------------------------------
 
@@ -267,6 +286,9 @@ class KernelRouter {
   int64_t last_activity_us() const { return last_activity_us_; }
   size_t connections() const { return clients_.size(); }
   ReplicaId current_executor() const { return executor_; }
+  // An execute_request at the head of the queue waits for an executor (GPUs, a migration, a
+  // resume), not for the previous cell.
+  bool cell_waiting() const { return !notice_.text.empty(); }
   // The in-flight execution's target; 0 when none.
   ReplicaId executing_replica() const;
   std::set<ReplicaId> live_replicas() const;
@@ -286,7 +308,15 @@ class KernelRouter {
     ExecutionPlan plan;
     int64_t received_us = 0, planned_us = 0, sent_us = 0;
     bool stop_on_error = true;
-    bool cancel_asked = false;  // CancelForQuorum ran for it
+    bool cancel_asked = false;                     // CancelForQuorum ran for it
+    jupyter::Json waits = jupyter::Json::array();  // the wait notice's lines and their times
+  };
+  // The status line of the head execute_request while it waits (see Rules).
+  struct WaitNotice {
+    std::string msg_id;  // the request it belongs to
+    std::string text;    // as shown; "" while nothing is shown
+    int64_t since_us = 0;
+    jupyter::Json waits = jupyter::Json::array();  // earlier lines: {"for": text, "ms": N}
   };
   // The head execute_request's planning: a PlanWanted or a replan timer outstanding.
   struct Planning {
@@ -326,6 +356,9 @@ class KernelRouter {
   void Unlink(ReplicaId replica, Effects* out);
 
   void Pump(Effects* out);
+  void ShowWait(const std::string& detail, Effects* out);
+  // Takes the head request off the queue, clearing its status line; `waits` gets its lines.
+  Queued PopHead(Effects* out, jupyter::Json* waits = nullptr);
   void CancelWaitingExecution(Effects* out);
   void FailWithoutQuorum(size_t live, Effects* out);
   void StartExecution(const ExecutionPlan& plan, Effects* out);
@@ -374,6 +407,10 @@ class KernelRouter {
   std::optional<jupyter::Json> kernel_info_;  // the last kernel_info_reply's content
   uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
   bool held_ = false;
+  std::string held_why_;
+  WaitNotice notice_;
+  std::string busy_sent_for_;  // the request whose busy the gateway sent ahead of its status line
+  int64_t last_reply_us_ = 0;  // when the last execution's reply went out
   bool abort_after_reply_ = false;  // the reply being forwarded failed a stop_on_error cell
   bool closed_ = false;
   uint64_t sequence_ = 0;                          // executions sent

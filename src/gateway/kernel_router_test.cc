@@ -11,8 +11,10 @@
 //   replica R CHANNEL TYPE id=ID [parent=P] [metadata=JSON-without-spaces] [CONTENT-JSON]
 //   lost R | back R | link R | unlink R       replica liveness and membership
 //   plan-done N replica=R [server=S] [grant=G] [devices=0,1] | plan-done N none |
-//   plan-done N error=MESSAGE                 the answer to PlanWanted N
-//   timer N | interrupt | hold on|off | probe R... | call N R TYPE [CONTENT-JSON] | close
+//   plan-done N error=MESSAGE                 the answer to PlanWanted N (none: wait=WHY, to the
+//                                             end of the line, says what the cell waits for)
+//   timer N | interrupt | hold on|off [why=WHY to the end of the line] | probe R... |
+//   call N R TYPE [CONTENT-JSON] | close
 // The kernel is "k", its session "sess", its replicas 1, 2 and 3, per-cell GPUs 0; a file may
 // start with `options gpus=G replicas=1,2 max-queued=N max-bytes=B` to change that. Time starts at
 // 1700000000 s and advances 1 ms per event.
@@ -141,6 +143,7 @@ RouterEvent ParseEvent(const std::string& line) {
       done.plan = Unavailable(line.substr(line.find("error=") + 6));
     } else if (w.positional.size() > 2 && w.positional[2] == "none") {
       done.plan = std::optional<ExecutionPlan>();
+      if (w.named.count("wait")) done.wait = line.substr(line.find("wait=") + 5);
     } else {
       ExecutionPlan p;
       p.target_replica = static_cast<ReplicaId>(std::stoul(w.named.at("replica")));
@@ -155,7 +158,10 @@ RouterEvent ParseEvent(const std::string& line) {
   }
   if (cmd == "timer") return TimerFired{num(1)};
   if (cmd == "interrupt") return InterruptRequested{};
-  if (cmd == "hold") return ExecutionsHeld{w.positional.at(1) == "on"};
+  if (cmd == "hold") {
+    return ExecutionsHeld{w.positional.at(1) == "on",
+                          w.named.count("why") ? line.substr(line.find("why=") + 4) : ""};
+  }
   if (cmd == "probe") {
     ProbeRequested p;
     for (size_t i = 1; i < w.positional.size(); ++i)
@@ -237,6 +243,9 @@ std::string DescribeEffect(const RouterEffect& effect) {
             return std::string("rejected ") + RejectClassName(e.reason) + ": " + e.detail;
           },
           [](const ResumeWanted&) { return std::string("resume-wanted"); },
+          [](const ExecutionStarted& e) {
+            return "started " + e.exec_id + " delay=" + std::to_string(e.delay_us / 1000) + "ms";
+          },
       },
       effect);
 }

@@ -93,6 +93,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     std::string last_activity;
     int connections = 0;
     ReplicaId executor = 0, executing = 0;
+    bool cell_waiting = false;
     Stats stats;
   };
 
@@ -228,6 +229,10 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
                      [&](ResumeWanted&) {
                        if (options.hooks.resume_wanted) options.hooks.resume_wanted();
                      },
+                     [&](ExecutionStarted& e) {
+                       if (options.hooks.execution_started)
+                         options.hooks.execution_started(e.delay_us);
+                     },
                      [&](InputRejected& e) {
                        spdlog::warn("kernel {}: refused a client message ({}): {}",
                                     options.kernel_id, RejectClassName(e.reason), e.detail);
@@ -262,9 +267,10 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     std::weak_ptr<Impl> weak = weak_from_this();
     auto release = options.hooks.release;
     const uint64_t plan_id = want.plan_id;
-    options.hooks.plan(want, [weak, release, plan_id](Result<std::optional<ExecutionPlan>> plan) {
+    options.hooks.plan(want, [weak, release, plan_id](Result<std::optional<ExecutionPlan>> plan,
+                                                      std::string wait) {
       if (auto self = weak.lock()) {
-        self->Post(RouterEvent(PlanDone{plan_id, std::move(plan)}));
+        self->Post(RouterEvent(PlanDone{plan_id, std::move(plan), std::move(wait)}));
       } else if (plan.ok() && *plan && !(*plan)->grant_id.empty() && release) {
         release(**plan);  // the session is gone: nobody will use these GPUs
       }
@@ -463,6 +469,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     p.connections = static_cast<int>(router.connections());
     p.executor = router.current_executor();
     p.executing = router.executing_replica();
+    p.cell_waiting = router.cell_waiting();
     const KernelRouter::Stats& s = router.stats();
     p.stats = {s.executions, s.waited_for_gpus, s.rejected, exceptions_caught.load()};
     MutexLock lock(&mu);
@@ -653,12 +660,12 @@ void KernelSession::SetSuspended(bool suspended) {
   impl_->Post(Impl::Synced{SuspendChanged{suspended}, done});
   applied.wait();
 }
-void KernelSession::HoldExecutions(bool hold) {
+void KernelSession::HoldExecutions(bool hold, std::string why) {
   // Synchronous: once a hold returns, executing_replica() tells whether an execution is still in
   // flight, and none starts after it.
   auto done = std::make_shared<std::promise<void>>();
   auto applied = done->get_future();
-  impl_->Post(Impl::Synced{ExecutionsHeld{hold}, done});
+  impl_->Post(Impl::Synced{ExecutionsHeld{hold, std::move(why)}, done});
   applied.wait();
 }
 
@@ -714,6 +721,10 @@ ReplicaId KernelSession::current_executor() const {
 ReplicaId KernelSession::executing_replica() const {
   MutexLock lock(&impl_->mu);
   return impl_->published.executing;
+}
+bool KernelSession::cell_waiting() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->published.cell_waiting;
 }
 KernelSession::Stats KernelSession::stats() const {
   MutexLock lock(&impl_->mu);

@@ -34,7 +34,9 @@ struct ReplicaEndpoint {
   jupyter::ConnectionInfo connection;
 };
 
-using PlanCallback = std::function<void(Result<std::optional<ExecutionPlan>>)>;
+// A plan, nullopt (none now: `wait` says for what, for the user), or an error.
+using PlanCallback =
+    std::function<void(Result<std::optional<ExecutionPlan>> plan, std::string wait)>;
 
 struct KernelSessionHooks {
   // Chooses the executor of `want` and commits its GPUs. Called on the session thread: must hand
@@ -50,6 +52,8 @@ struct KernelSessionHooks {
   std::function<void(RejectClass reason)> rejected;
   // A suspended kernel got a request that needs its replicas. Must not block.
   std::function<void()> resume_wanted;
+  // An execution went to the replicas after `delay_us` waiting for an executor. Must not block.
+  std::function<void(int64_t delay_us)> execution_started;
 };
 
 struct KernelSessionOptions {
@@ -123,7 +127,8 @@ class KernelSession {
   // While held, no new execution starts (other requests flow); an execution in flight goes on.
   // Migration holds executions while the kernel has four linked replicas: an election among
   // four could fail.
-  void HoldExecutions(bool hold);
+  // `why` is what a cell that waits meanwhile is told ("moving replica 2 to host-4").
+  void HoldExecutions(bool hold, std::string why = "");
 
   // What the session thread last published.
   std::string execution_state() const;  // "idle" | "busy"
@@ -132,6 +137,7 @@ class KernelSession {
   int connections() const;
   ReplicaId current_executor() const;
   ReplicaId executing_replica() const;  // the in-flight execution's target; 0 when none
+  bool cell_waiting() const;            // a cell waits for an executor (KernelRouter)
   struct Stats {
     uint64_t executions = 0;
     uint64_t waited_for_gpus = 0;  // executions that could not be planned at once

@@ -35,7 +35,7 @@ Status KernelManager::Suspend(const std::string& kernel_id) {
   }
   const auto started = SteadyClock::now();
   std::shared_ptr<KernelSession> session = k->session;
-  session->HoldExecutions(true);
+  session->HoldExecutions(true, "the idle kernel is being suspended; it starts again next");
   if (session->executing_replica() != 0 || session->execution_state() != "idle") {
     session->HoldExecutions(false);
     return Unavailable("kernel " + kernel_id + " is busy");

@@ -71,6 +71,9 @@ void Migrator::Stop() {
 void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& plan,
                    const std::string& reason) {
   const auto started = SteadyClock::now();
+  registry_->NoteEvent("migration", kernel_id,
+                       fmt::format("moving replica {} from {} to {}: {}", plan.replica_id,
+                                   plan.from_server_id, plan.to_server_id, reason));
   Result<uint32_t> moved = stopping_ ? Result<uint32_t>(Unavailable("the gateway is stopping"))
                                      : Migrate(kernel_id, plan, reason);
   const auto took =
@@ -80,8 +83,15 @@ void Migrator::Run(const std::string& kernel_id, const sched::MigrationPlan& pla
     spdlog::error("kernel {}: migrating replica {} from {} to {} failed: {}", kernel_id,
                   plan.replica_id, plan.from_server_id, plan.to_server_id,
                   moved.status().ToString());
+    registry_->NoteEvent("migration-failed", kernel_id,
+                         fmt::format("moving replica {} to {} failed: {}", plan.replica_id,
+                                     plan.to_server_id, moved.status().message()));
     return;
   }
+  registry_->NoteEvent(
+      "migration-done", kernel_id,
+      fmt::format("replica {} on {} is now replica {} on {} ({} ms)", plan.replica_id,
+                  plan.from_server_id, *moved, plan.to_server_id, took.count()));
   spdlog::info("kernel {}: replica {} on {} migrated to replica {} on {} in {} ms", kernel_id,
                plan.replica_id, plan.from_server_id, *moved, plan.to_server_id, took.count());
 }
@@ -119,7 +129,8 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
   if (Status s = Join(m, &clock, &rollback); !s.ok()) return s;
   // No execution may start while four replicas are linked (their election could fail), and none
   // may be running when the fourth is linked.
-  m.session->HoldExecutions(true);
+  m.session->HoldExecutions(
+      true, fmt::format("moving replica {} to {}", plan.replica_id, plan.to_server_id));
   hold.held = true;
   if (Status s = Switch(m, &clock, &rollback); !s.ok()) return s;
   rollback.Commit();  // the old replica left the group: from here on the move stands

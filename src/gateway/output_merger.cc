@@ -24,9 +24,11 @@ std::string ExecutionState(const jupyter::Message& m) {
 
 }  // namespace
 
-void OutputMerger::Expect(const std::string& msg_id, std::vector<ReplicaId> replicas) {
+void OutputMerger::Expect(const std::string& msg_id, std::vector<ReplicaId> replicas,
+                          bool busy_sent) {
   Request r;
   r.waiting.insert(replicas.begin(), replicas.end());
+  r.busy_sent = busy_sent;
   requests_[msg_id] = std::move(r);
 }
 

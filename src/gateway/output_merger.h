@@ -32,8 +32,9 @@ class OutputMerger {
   void SetPrimary(ReplicaId replica) { primary_ = replica; }
   ReplicaId primary() const { return primary_; }
 
-  // Request `msg_id` was sent to `replicas`.
-  void Expect(const std::string& msg_id, std::vector<ReplicaId> replicas);
+  // Request `msg_id` was sent to `replicas`. `busy_sent`: its busy status went out already (the
+  // gateway's, ahead of a status line while it waited), so the replicas' busy is not forwarded.
+  void Expect(const std::string& msg_id, std::vector<ReplicaId> replicas, bool busy_sent = false);
   // A shell or control reply from `replica`. Returns what to forward now, in order.
   std::vector<jupyter::Message> OnReply(ReplicaId replica, jupyter::Message reply);
   std::vector<jupyter::Message> OnIopub(ReplicaId replica, jupyter::Message message);

@@ -10,26 +10,30 @@ Planner::Planner(Registry* registry, Migrator* migrator, int threads)
 void Planner::Plan(const std::string& kernel_id, const PlanWanted& want, PlanCallback done) {
   queue_.Post(kernel_id, [this, kernel_id, want, done = std::move(done)] {
     Result<std::optional<ExecutionPlan>> plan = std::optional<ExecutionPlan>();
+    std::string wait;
     try {
-      plan = PlanNow(kernel_id, want);
+      plan = PlanNow(kernel_id, want, &wait);
     } catch (const std::exception& e) {
       // A third-party exception must not leave the cell waiting for an answer forever.
       spdlog::error("kernel {}: planning {} failed: {}", kernel_id, want.exec_id, e.what());
       plan = std::optional<ExecutionPlan>();
     }
-    done(std::move(plan));
+    done(std::move(plan), std::move(wait));
   });
 }
 
 Result<std::optional<ExecutionPlan>> Planner::PlanNow(const std::string& kernel_id,
-                                                      const PlanWanted& want) {
+                                                      const PlanWanted& want, std::string* wait) {
   auto decision = registry_->RequestExecutor(kernel_id, want.exec_id, want.gpus,
                                              want.requested_target, want.live);
   if (!decision.ok()) {
     if (decision.status().code() == StatusCode::kInvalidArgument) return decision.status();
     if (decision.status().code() == StatusCode::kNotFound) {
       // Its servers have not registered (yet): no grants possible, but a GPU-less cell can run.
-      if (want.gpus > 0 || want.live.empty()) return std::optional<ExecutionPlan>();
+      if (want.gpus > 0 || want.live.empty()) {
+        *wait = "the kernel's servers have not registered yet";
+        return std::optional<ExecutionPlan>();
+      }
       const ReplicaId to = want.requested_target && want.live.count(want.requested_target)
                                ? want.requested_target
                                : *want.live.begin();
@@ -41,6 +45,9 @@ Result<std::optional<ExecutionPlan>> Planner::PlanNow(const std::string& kernel_
   if (decision->migration) {
     migrator_->Start(kernel_id, *decision->migration, "a cell needs GPUs no replica's server has");
   }
+  *wait = decision->candidates.empty()
+              ? decision->wait
+              : "the GPUs of this kernel's servers are taken by other cells";
   for (const ExecutorCandidates::Candidate& c : decision->candidates) {
     ExecutionPlan plan{c.replica, c.server_id, "", {}};
     if (want.gpus > 0) {

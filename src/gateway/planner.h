@@ -29,8 +29,9 @@ class Planner {
   uint64_t exceptions_caught() const { return queue_.exceptions_caught(); }
 
  private:
-  Result<std::optional<ExecutionPlan>> PlanNow(const std::string& kernel_id,
-                                               const PlanWanted& want);
+  // `wait`: with nullopt, what the cell waits for (said to its user).
+  Result<std::optional<ExecutionPlan>> PlanNow(const std::string& kernel_id, const PlanWanted& want,
+                                               std::string* wait);
 
   Registry* registry_;
   Migrator* migrator_;

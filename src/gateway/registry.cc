@@ -1,5 +1,6 @@
 #include "gateway/registry.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -148,6 +149,7 @@ std::vector<LivenessChange> Registry::ExpireServers(std::chrono::milliseconds ti
       spdlog::warn("server {}: {}", id, st.ToString());
     }
     spdlog::warn("server {} missed its heartbeats; its replicas count as lost", id);
+    NoteEventLocked("server-lost", "", id + " missed its heartbeats; its replicas count as lost");
     for (auto& [kid, k] : kernels_) {
       for (const auto& r : k.meta.replicas) {
         if (r.server_id != id) continue;
@@ -297,6 +299,7 @@ std::optional<StoredKernel> Registry::MarkSuspended(const std::string& kernel_id
   k.replica_live.clear();
   k.lost_since.clear();
   ++counters_.suspensions;
+  NoteEventLocked("suspend", kernel_id, fmt::format("suspended while idle ({} ms)", took_ms));
   counters_.suspend_ms.push_back(took_ms);
   if (counters_.suspend_ms.size() > 100) counters_.suspend_ms.erase(counters_.suspend_ms.begin());
   return k.meta;
@@ -326,6 +329,7 @@ void Registry::MarkResumed(const std::string& kernel_id, int64_t took_ms) {
   if (it == kernels_.end()) return;
   it->second.suspended = false;
   ++counters_.resumes;
+  NoteEventLocked("resume", kernel_id, fmt::format("resumed in {} ms", took_ms));
   counters_.resume_ms.push_back(took_ms);
   if (counters_.resume_ms.size() > 100) counters_.resume_ms.erase(counters_.resume_ms.begin());
 }
@@ -433,8 +437,40 @@ Result<ExecutorCandidates> Registry::RequestExecutor(const std::string& kernel_i
       k->second.migrating = true;
       out.migration = m;
     }
+    out.wait = WaitReasonLocked(k == kernels_.end() ? nullptr : &k->second, out.migration);
   }
   return out;
+}
+
+namespace {
+
+// "(≈ 0.3 s)" from the median of past durations; "" with none.
+std::string EstimateFrom(std::vector<int64_t> durations_ms) {
+  if (durations_ms.empty()) return "";
+  std::nth_element(durations_ms.begin(), durations_ms.begin() + durations_ms.size() / 2,
+                   durations_ms.end());
+  const double s = static_cast<double>(durations_ms[durations_ms.size() / 2]) / 1000.0;
+  return s < 10 ? fmt::format(" (≈ {:.1f} s)", s) : fmt::format(" (≈ {:.0f} s)", s);
+}
+
+}  // namespace
+
+std::string Registry::WaitReasonLocked(const KernelRecord* k,
+                                       const std::optional<sched::MigrationPlan>& starting) const {
+  const std::string eta = EstimateFrom(counters_.migration_ms);
+  if (starting) {
+    return fmt::format("moving replica {} to {}{}", starting->replica_id, starting->to_server_id,
+                       eta);
+  }
+  if (k != nullptr && k->migration) {
+    return fmt::format("moving replica {} to {}{}", k->migration->leaving_replica,
+                       k->migration->to_server_id, eta);
+  }
+  if (k != nullptr && k->migrating) return "moving a replica to a server with free GPUs" + eta;
+  if (!pending_servers_.empty()) {
+    return fmt::format("a new server ({}) is starting", fmt::join(pending_servers_, ", "));
+  }
+  return "every server's GPUs are in use by other cells";
 }
 
 void Registry::OnGrantCommitted(const std::string& kernel_id, const std::string& exec_id,
@@ -502,9 +538,38 @@ bool Registry::TakeScaleOutWanted(std::string* reason) {
   return wanted;
 }
 
+void Registry::NoteEvent(std::string kind, std::string kernel_id, std::string text) {
+  MutexLock lock(&mu_);
+  NoteEventLocked(std::move(kind), std::move(kernel_id), std::move(text));
+}
+
+void Registry::NoteEventLocked(std::string kind, std::string kernel_id, std::string text) {
+  constexpr size_t kEventsRemembered = 200;
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  counters_.events.push_back(
+      {++events_noted_, now_ms, std::move(kind), std::move(kernel_id), std::move(text)});
+  if (counters_.events.size() > kEventsRemembered) counters_.events.erase(counters_.events.begin());
+}
+
+void Registry::RecordExecutionDelay(double delay_ms) {
+  constexpr size_t kDelaysKept = 10'000;
+  MutexLock lock(&mu_);
+  if (execution_delays_ms_.size() < kDelaysKept) execution_delays_ms_.push_back(delay_ms);
+}
+
+std::vector<double> Registry::TakeExecutionDelays() {
+  MutexLock lock(&mu_);
+  return std::exchange(execution_delays_ms_, {});
+}
+
 void Registry::RecordScaleEvent(std::string kind, std::vector<std::string> ids,
                                 std::string reason) {
   constexpr size_t kScaleEventsRemembered = 50;
+  NoteEventLocked(kind == "out" ? "scale-out" : "scale-in", "",
+                  fmt::format("{} {}: {}", kind == "out" ? "adding" : "removing",
+                              fmt::join(ids, ", "), reason));
   counters_.scale_events.push_back({NowMs(), std::move(kind), std::move(ids), std::move(reason)});
   if (counters_.scale_events.size() > kScaleEventsRemembered)
     counters_.scale_events.erase(counters_.scale_events.begin());

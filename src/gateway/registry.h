@@ -94,6 +94,9 @@ struct ExecutorCandidates {
   // Set when no candidate's server can grant the GPUs and a migration should start now (the
   // kernel was marked migrating; the caller must hand the plan to the migrator).
   std::optional<sched::MigrationPlan> migration;
+  // With no candidate: what the cell waits for, said to its user ("moving replica 2 to host-4
+  // (≈ 0.3 s)", "a new server (host-5) is starting").
+  std::string wait;
 };
 
 struct RegistryCounters {
@@ -110,6 +113,16 @@ struct RegistryCounters {
     std::string reason;
   };
   std::vector<ScaleEvent> scale_events;
+  // What happened in the cluster, for people watching it (the dashboard): the last 200, oldest
+  // first, numbered from 1 in order.
+  struct Event {
+    uint64_t seq = 0;
+    int64_t at_unix_ms = 0;
+    std::string kind;       // "migration", "scale-out", "scale-in", "server-lost", "suspend", ...
+    std::string kernel_id;  // "" for the cluster's own events
+    std::string text;
+  };
+  std::vector<Event> events;
   // The last 100 replacements of lost replicas: from the loss seen to the new replica answering.
   std::vector<int64_t> replacement_ms;
   uint64_t suspensions = 0, resumes = 0;
@@ -259,6 +272,12 @@ class Registry {
   // leave it.
   bool BeginMigration(const std::string& kernel_id) EXCLUDES(mu_);
   bool ServerAlive(const std::string& server_id) const EXCLUDES(mu_);
+  // Adds to RegistryCounters::events (stamped with the wall clock).
+  void NoteEvent(std::string kind, std::string kernel_id, std::string text) EXCLUDES(mu_);
+  // Delays of executions that went to replicas (KernelRouter's ExecutionStarted), kept until
+  // taken: the dashboard's sampler takes them once a second. At most 10,000 are kept.
+  void RecordExecutionDelay(double delay_ms) EXCLUDES(mu_);
+  std::vector<double> TakeExecutionDelays() EXCLUDES(mu_);
   // Clears the mark; a failure is counted and backs off for `backoff`.
   void EndMigration(const std::string& kernel_id, const Status& outcome,
                     std::chrono::milliseconds backoff) EXCLUDES(mu_);
@@ -291,8 +310,16 @@ class Registry {
   std::map<std::string, ServerRecord> servers_ GUARDED_BY(mu_);
   std::map<std::string, KernelRecord> kernels_ GUARDED_BY(mu_);
   RegistryCounters counters_ GUARDED_BY(mu_);
+  uint64_t events_noted_ GUARDED_BY(mu_) = 0;
+  std::vector<double> execution_delays_ms_ GUARDED_BY(mu_);
   std::set<std::string> logged_migration_ GUARDED_BY(mu_);  // exec ids whose wait was logged
   void WantScaleOut(const std::string& reason) REQUIRES(mu_);
+  void NoteEventLocked(std::string kind, std::string kernel_id, std::string text) REQUIRES(mu_);
+  // What a cell of `k` that no replica's server can run waits for (ExecutorCandidates::wait);
+  // `starting`: the migration this request starts, if any.
+  std::string WaitReasonLocked(const KernelRecord* k,
+                               const std::optional<sched::MigrationPlan>& starting) const
+      REQUIRES(mu_);
   void RecordScaleEvent(std::string kind, std::vector<std::string> ids, std::string reason)
       REQUIRES(mu_);
   bool scale_out_wanted_ GUARDED_BY(mu_) = false;
