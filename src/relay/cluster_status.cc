@@ -102,17 +102,37 @@ std::string Kernels(const Json& cluster) {
   return Table(rows);
 }
 
+// The cluster's events (migrations, scaling, lost servers, suspensions) as "HH:MM:SS UTC".
+std::string ClusterEvents(const Json& events, size_t max_events) {
+  std::string out;
+  const size_t first = events.size() > max_events ? events.size() - max_events : 0;
+  for (size_t i = first; i < events.size(); ++i) {
+    const Json& e = events[i];
+    const int64_t s = Int(e, "at_unix_ms") / 1000 % 86400;
+    std::string kernel = Field(e, "kernel_id");
+    kernel = kernel == "-" ? "" : kernel.substr(0, 8);
+    out += fmt::format("  {:02}:{:02}:{:02} {} {}{}\n", s / 3600, s / 60 % 60, s % 60,
+                       Field(e, "kind"), kernel.empty() ? "" : kernel + ": ", Field(e, "text"));
+  }
+  return out;
+}
+
 std::string Events(const Json& cluster, size_t max_events) {
   const Json& scaling = cluster.value("scaling", Json::object());
   const Json& events = Array(scaling, "events");
   std::string out;
   const size_t first = events.size() > max_events ? events.size() - max_events : 0;
-  for (size_t i = first; i < events.size(); ++i) {
-    const Json& e = events[i];
-    std::string servers;
-    for (const Json& id : Array(e, "server_ids"))
-      servers += (servers.empty() ? "" : ",") + Text(id);
-    out += fmt::format("  {} {}: {}\n", Field(e, "kind"), servers, Field(e, "reason"));
+  if (cluster.contains("events")) {
+    out = ClusterEvents(Array(cluster, "events"), max_events);
+  } else {
+    // An older gateway lists scaling events only.
+    for (size_t i = first; i < events.size(); ++i) {
+      const Json& e = events[i];
+      std::string servers;
+      for (const Json& id : Array(e, "server_ids"))
+        servers += (servers.empty() ? "" : ",") + Text(id);
+      out += fmt::format("  {} {}: {}\n", Field(e, "kind"), servers, Field(e, "reason"));
+    }
   }
   const Json& mig = cluster.value("migrations", Json::object());
   const Json& sus = cluster.value("suspensions", Json::object());

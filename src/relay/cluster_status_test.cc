@@ -72,5 +72,17 @@ TEST(ClusterStatus, ListsOnlyTheLatestEvents) {
   EXPECT_THAT(text, HasSubstr("scale-in h7:"));
 }
 
+TEST(ClusterStatus, ListsTheClustersEventsWithTheirTimes) {
+  const auto cluster = nlohmann::json::parse(R"js({"events": [
+    {"seq": 1, "at_unix_ms": 3723000, "kind": "migration-done", "kernel_id": "0123456789ab",
+     "text": "replica 1 on host-1 is now replica 4 on host-3 (700 ms)"},
+    {"seq": 2, "at_unix_ms": 3724000, "kind": "scale-out", "kernel_id": "", "text": "adding host-5"},
+    "not an event"]})js");
+  const std::string text = RenderClusterStatus(cluster, "http://gw");
+  EXPECT_THAT(text, HasSubstr("  01:02:03 migration-done 01234567: replica 1 on host-1 is now"));
+  EXPECT_THAT(text, HasSubstr("  01:02:04 scale-out adding host-5\n"));
+  EXPECT_THAT(text, HasSubstr("  00:00:00 - -\n"));
+}
+
 }  // namespace
 }  // namespace nbos::relay

@@ -146,4 +146,6 @@ function App() {
     </main>`;
 }
 
-render(html`<${App}/>`, document.getElementById('app'));
+const app = document.getElementById('app');
+app.textContent = '';  // the placeholder shown until this script runs
+render(html`<${App}/>`, app);
