@@ -132,7 +132,8 @@ function App() {
       <span class="stat" data-testid="summary-servers"><b>${alive.length}</b> servers</span>
       <span class="stat" data-testid="summary-gpus"><b>${committed} / ${total}</b> GPUs committed</span>
       <span class="stat"><b>${cluster.kernels.length}</b> kernels</span>
-      <span class="stat">subscription ratio <b>${(cluster.cluster_subscription_ratio ?? 0).toFixed(2)}</b></span>
+      <span class="stat" title="SR_c: GPUs the kernels ask for over GPUs running cells, averaged over the last samples; at its cap while nothing runs">
+        demand / busy GPUs <b>${(cluster.cluster_subscription_ratio ?? 0).toFixed(2)}</b></span>
       ${cluster.pending_servers && cluster.pending_servers.length
         ? html`<span class="stat">starting: ${cluster.pending_servers.join(', ')}</span>` : ''}
       <a href=${`${base}/dashboard/sim`}>simulation reports</a>
