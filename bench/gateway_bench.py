@@ -73,6 +73,7 @@ from kernel_roundtrip import percentile  # noqa: E402  (one definition for all b
 DELAY_P50_TARGET_MS = 2.0
 DELAY_P99_TARGET_MS = 10.0
 OVERHEAD_RATIO_TARGET = 1.5
+LAB_DIR = ROOT / "tests" / "jupyterlab"  # JupyterLab's client, installed by its test suite
 JUPYTER = "/usr/bin/jupyter"
 
 
@@ -272,7 +273,7 @@ class JupyterServer:
     """Debian's `jupyter server` in private config/runtime/root dirs; with gateway=(url, token)
     it runs in gateway mode in front of `nbos up`."""
 
-    def __init__(self, label, workdir, timeout, gateway=None):
+    def __init__(self, label, workdir, timeout, gateway=None, nodelay=False):
         self.label = label
         self.port = free_port()
         self.token = uuid.uuid4().hex
@@ -289,6 +290,9 @@ class JupyterServer:
                    IPYTHONDIR=os.path.join(base, "ipython"),
                    PYDEVD_DISABLE_FILE_VALIDATION="1", PYTHONUNBUFFERED="1")
         env.pop("JUPYTER_PATH", None)
+        if nodelay:
+            shutil.copyfile(ROOT / "apps" / "nbos" / "jupyter_frontend_config.py",
+                            os.path.join(base, "config", "jupyter_server_config.py"))
         argv = [JUPYTER, "server", "--allow-root", "--no-browser", "--ip=127.0.0.1",
                 f"--port={self.port}", "--port-retries=0", f"--ServerApp.token={self.token}",
                 f"--ServerApp.root_dir={self.root}"]
@@ -553,12 +557,16 @@ def phase_overhead(up, jgw, jplain, args):
                 dt, _ = sockets[label].roundtrip("pass", args.store_history)
                 if i >= args.warmup:
                     samples[label].append(dt * 1e3)
-        stats = {k: summarize(v) for k, v in samples.items()}
-        base = stats["ipykernel via jupyter server"]
-        ratios = {k: {q: stats[k][q] / base[q] for q in ("p50", "p90", "p99", "mean")}
-                  for k in labels}
-        return {"stats": stats, "ratio_over_ipykernel": ratios,
-                "kernel_ids": {k: v[1] for k, v in kernels.items()}, "samples": samples}
+        out = overhead_stats(samples)
+        out["kernel_ids"] = {k: v[1] for k, v in kernels.items()}
+        for sock in sockets.values():
+            sock.close()
+        sockets.clear()
+        if LAB_DIR.joinpath("node_modules", "@jupyterlab", "services").is_dir():
+            out["lab"] = lab_roundtrips(kernels, args)
+        else:
+            log(f"   JupyterLab's client not installed ({LAB_DIR}: npm install): its series skipped")
+        return out
     finally:
         for s in sockets.values():
             s.close()
@@ -574,7 +582,44 @@ def phase_overhead(up, jgw, jplain, args):
                 log(f"  warning: DELETE of the kernel '{label}' failed: {e}")
 
 
+def overhead_stats(samples):
+    stats = {k: summarize(v) for k, v in samples.items()}
+    base = stats["ipykernel via jupyter server"]
+    ratios = {k: {q: stats[k][q] / base[q] for q in ("p50", "p90", "p99", "mean")}
+              for k in samples}
+    return {"stats": stats, "ratio_over_ipykernel": ratios, "samples": samples}
+
+
+def lab_roundtrips(kernels, args):
+    """The same three kernels with JupyterLab's @jupyterlab/services (bench/lab_roundtrip.cjs)."""
+    targets = [{"label": label, "url": srv.url, "token": srv.token, "kernel_id": kid}
+               for label, (srv, kid) in kernels.items()]
+    proc = subprocess.run(
+        ["node", str(ROOT / "bench" / "lab_roundtrip.cjs"), str(LAB_DIR), str(args.iterations),
+         str(args.warmup), json.dumps(targets)],
+        capture_output=True, text=True, timeout=args.timeout * (args.iterations + args.warmup))
+    if proc.returncode != 0:
+        raise BenchError(f"JupyterLab's client failed: {proc.stderr[-2000:]}")
+    return overhead_stats(json.loads(proc.stdout.strip().splitlines()[-1]))  # after its logs
+
+
 # --------------------------------------------------------------------------- report
+
+
+def overhead_table(o):
+    rows = []
+    for label, s in o["stats"].items():
+        r = o["ratio_over_ipykernel"][label]
+        if label == "nbos via jupyter server":
+            note = (f"target <= {OVERHEAD_RATIO_TARGET:g}x (p50): "
+                    + ("MET" if r["p50"] <= OVERHEAD_RATIO_TARGET else "MISSED"))
+        else:
+            note = "baseline" if label.startswith("ipykernel") else "reference"
+        rows.append([label, str(s["n"]), f(s["p50"]), f(s["p90"]), f(s["p99"]), f(s["mean"]),
+                     f"{r['p50']:.2f}x", f"{r['p99']:.2f}x", f"{r['mean']:.2f}x", note])
+    return (table(["kernel", "n", "p50", "p90", "p99", "mean", "p50 ratio", "p99 ratio",
+                   "mean ratio", ""], rows, left=(0, 9))
+            + "\n   ratio = kernel / ipykernel via jupyter server (same run, same client)")
 
 
 def report(res):
@@ -634,22 +679,19 @@ def report(res):
     if o:
         out.append("\n2. Empty cell `pass`: WebSocket execute_request -> execute_reply and iopub"
                    " idle (ms), the three kernels interleaved")
-        rows = []
-        for label, s in o["stats"].items():
-            r = o["ratio_over_ipykernel"][label]
-            note = ""
-            if label == "nbos via jupyter server":
-                note = (f"target <= {OVERHEAD_RATIO_TARGET:g}x (p50): "
-                        + ("MET" if r["p50"] <= OVERHEAD_RATIO_TARGET else "MISSED"))
-            elif label.startswith("ipykernel"):
-                note = "baseline"
-            else:
-                note = "reference"
-            rows.append([label, str(s["n"]), f(s["p50"]), f(s["p90"]), f(s["p99"]), f(s["mean"]),
-                         f"{r['p50']:.2f}x", f"{r['p99']:.2f}x", f"{r['mean']:.2f}x", note])
-        out.append(table(["kernel", "n", "p50", "p90", "p99", "mean", "p50 ratio", "p99 ratio",
-                          "mean ratio", ""], rows, left=(0, 9)))
-        out.append("   ratio = kernel / ipykernel via jupyter server (same run, same client)")
+        out.append(overhead_table(o))
+        if o.get("lab"):
+            out.append("\n2b. The same with JupyterLab's client (@jupyterlab/services under Node):"
+                       " requestExecute -> done (ms)")
+            out.append(overhead_table(o["lab"]))
+        for label, series in (("websocket-client", o), ("@jupyterlab/services", o.get("lab"))):
+            if series:
+                r = series["ratio_over_ipykernel"]["nbos via jupyter server"]
+                met = r["p50"] <= 1.1 and r["p99"] <= 1.1
+                out.append(f"   {label}: nbos via jupyter server p50 {r['p50']:.2f}x, p99"
+                           f" {r['p99']:.2f}x ipykernel's; <= 1.1x both: "
+                           + ("MET" if met else "MISSED"))
+
 
     lines = []
     if d:
@@ -701,6 +743,10 @@ def parse_args(argv):
                    help="diagnostic: the client sets TCP_QUICKACK before every read, so that"
                         " servers without TCP_NODELAY are not stalled by its delayed ACKs"
                         " (real frontends do not do this)")
+    p.add_argument("--server-nodelay", action="store_true",
+                   help="both jupyter servers get apps/nbos/jupyter_frontend_config.py (what"
+                        " `nbos up --frontend` gives its front end): TCP_NODELAY on their"
+                        " kernel WebSockets")
     p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples"
                    " ('-' for stdout)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -726,6 +772,7 @@ def run(args, workdir, res):
         "cpus": os.cpu_count(), "host": platform.node(), "iterations": args.iterations,
         "warmup": args.warmup, "hosts": args.hosts, "gpus_per_host": args.gpus_per_host,
         "store_history": args.store_history, "quickack": args.quickack, "phases": args.phases,
+        "server_nodelay": args.server_nodelay,
         "unix_time": time.time(),
         "definitions": {
             "delay": "(gateway_us.sent - gateway_us.received) + (metadata.started - sent)"
@@ -748,9 +795,10 @@ def run(args, workdir, res):
         if "overhead" in args.phases:
             t = time.perf_counter()
             jgw = JupyterServer("jupyter-gateway", workdir, args.startup_timeout,
-                                gateway=(up.url, up.token))
+                                gateway=(up.url, up.token), nodelay=args.server_nodelay)
             servers.append(jgw)
-            jplain = JupyterServer("jupyter-plain", workdir, args.startup_timeout)
+            jplain = JupyterServer("jupyter-plain", workdir, args.startup_timeout,
+                                   nodelay=args.server_nodelay)
             servers.append(jplain)
             res["meta"]["jupyter_server_version"] = jplain.version
             log(f"jupyter servers: {jgw.url} (--gateway-url), {jplain.url} (plain)"

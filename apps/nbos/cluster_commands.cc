@@ -28,6 +28,7 @@
 #include "gateway/gateway.h"
 #include "gateway/kubernetes_host_provider.h"
 #include "gateway/local_host_provider.h"
+#include "jupyter_frontend_config.h"
 
 namespace nbos::app {
 namespace {
@@ -329,7 +330,11 @@ Child FrontendChild(UpArgs& args) {
   if (args.frontend_port == 0) args.frontend_port = FreePort();
   if (args.frontend_dir.empty()) args.frontend_dir = fs::current_path().string();
   std::error_code ec;
-  fs::create_directories(args.state_dir + "/frontend", ec);
+  const std::string config_dir = args.state_dir + "/frontend/config";
+  fs::create_directories(config_dir, ec);
+  // Notebook 6 reads the first, front ends on jupyter_server the second.
+  for (const char* name : {"jupyter_notebook_config.py", "jupyter_server_config.py"})
+    std::ofstream(config_dir + "/" + name, std::ios::trunc) << kJupyterFrontendConfig;
   Child c{"frontend",
           {"/usr/bin/python3", "-m", "notebook", "--no-browser", "--ip=127.0.0.1",
            "--port=" + std::to_string(args.frontend_port), "--port-retries=0",
@@ -337,7 +342,7 @@ Child FrontendChild(UpArgs& args) {
           {{"JUPYTER_GATEWAY_URL", "http://127.0.0.1:" + std::to_string(args.port)},
            {"JUPYTER_GATEWAY_AUTH_TOKEN", args.token},
            {"JUPYTER_TOKEN", args.token},
-           {"JUPYTER_CONFIG_DIR", args.state_dir + "/frontend/config"},
+           {"JUPYTER_CONFIG_DIR", config_dir},
            {"JUPYTER_RUNTIME_DIR", args.state_dir + "/frontend/runtime"}}};
   if (geteuid() == 0) c.argv.push_back("--allow-root");
   return c;

@@ -18,6 +18,10 @@ def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
         assert m, f"nbos up printed {line!r}"
         url, port, token = m.group(1), m.group(2), m.group(3)
         wait_answering(f"{url}/api/status?token={token}", "the front end")
+        # Its kernel WebSockets are set TCP_NODELAY (apps/nbos/jupyter_frontend_config.py).
+        config = os.path.join(c.state_dir, "frontend", "config", "jupyter_notebook_config.py")
+        with open(config) as f:
+            assert "set_nodelay(True)" in f.read()
         frontend_pid = next(int(p) for p in filter(str.isdigit, os.listdir("/proc"))
                             if f"--port={port}".encode() in _cmdline(p))
         # The tree page a browser opens first.
