@@ -16,6 +16,7 @@
 #include "gateway/metadata_store.h"
 #include "gateway/planner.h"
 #include "gateway/registry.h"
+#include "gateway/step_clock.h"
 
 namespace nbos::gateway {
 
@@ -76,7 +77,9 @@ class KernelManager {
 
  private:
   Result<std::shared_ptr<KernelSession>> StartSession(const KernelRecord& k);
-  Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids);
+  // `clock`, when set, gets the steps "prepare" and "launch".
+  Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids,
+                        StepClock* clock = nullptr);
   void StopReplicas(const StoredKernel& meta);
   Status AwaitReplicas(const KernelRecord& k);
   void OnShutdownRequested(const std::string& kernel_id, bool restart);
