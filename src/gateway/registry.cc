@@ -39,6 +39,14 @@ void Registry::OnRegister(const control::RegisterRequest& req) {
   MutexLock lock(&mu_);
   pending_servers_.erase(req.server_id());
   last_registration_ = SteadyClock::now();
+  if (auto asked = pending_since_.find(req.server_id()); asked != pending_since_.end()) {
+    server_start_ms_.push_back(
+        std::chrono::duration_cast<std::chrono::milliseconds>(last_registration_ - asked->second)
+            .count());
+    if (server_start_ms_.size() > kMigrationsRemembered)
+      server_start_ms_.erase(server_start_ms_.begin());
+    pending_since_.erase(asked);
+  }
   ServerRecord& s = servers_[req.server_id()];
   s.server_id = req.server_id();
   if (!s.client || s.client->address() != req.daemon_address())
@@ -468,7 +476,8 @@ std::string Registry::WaitReasonLocked(const KernelRecord* k,
   }
   if (k != nullptr && k->migrating) return "moving a replica to a server with free GPUs" + eta;
   if (!pending_servers_.empty()) {
-    return fmt::format("a new server ({}) is starting", fmt::join(pending_servers_, ", "));
+    return fmt::format("a new server ({}) is starting{}", fmt::join(pending_servers_, ", "),
+                       EstimateFrom(server_start_ms_));
   }
   return "every server's GPUs are in use by other cells";
 }
@@ -579,7 +588,8 @@ void Registry::NoteScaleOut(const std::vector<std::string>& server_ids, const st
                             bool scale_out) {
   MutexLock lock(&mu_);
   for (const std::string& id : server_ids)
-    if (!servers_.count(id)) pending_servers_.insert(id);
+    if (!servers_.count(id) && pending_servers_.insert(id).second)
+      pending_since_[id] = SteadyClock::now();
   if (!scale_out) return;
   counters_.scale_outs += server_ids.size();
   RecordScaleEvent("out", server_ids, reason);

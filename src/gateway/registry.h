@@ -324,6 +324,9 @@ class Registry {
       REQUIRES(mu_);
   bool scale_out_wanted_ GUARDED_BY(mu_) = false;
   std::set<std::string> pending_servers_ GUARDED_BY(mu_);
+  // When each pending server was asked for, and how long the last ones took to register.
+  std::map<std::string, SteadyClock::time_point> pending_since_ GUARDED_BY(mu_);
+  std::vector<int64_t> server_start_ms_ GUARDED_BY(mu_);
   SteadyClock::time_point last_registration_ GUARDED_BY(mu_){};
   std::string scale_out_reason_ GUARDED_BY(mu_);
 };
