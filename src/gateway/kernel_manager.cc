@@ -152,7 +152,7 @@ void KernelManager::OnShutdownRequested(const std::string& kernel_id, bool resta
 // Prepares one replica per server (in `replicas`' order and ids), records them, then launches
 // each with the whole group as its peers. Replicas get the kernel's start environment.
 Status KernelManager::LaunchReplicas(const std::string& kernel_id,
-                                     const std::vector<std::string>& server_ids, StepClock* clock) {
+                                     const std::vector<std::string>& server_ids) {
   std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
   if (!k) return NotFound("no kernel " + kernel_id);
   std::vector<std::shared_ptr<daemon::DaemonClient>> clients;
@@ -177,7 +177,6 @@ Status KernelManager::LaunchReplicas(const std::string& kernel_id,
   }
   registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) { r.meta.replicas = prepared; });
   k->meta.replicas = prepared;
-  if (clock != nullptr) clock->Step("prepare");
   for (size_t i = 0; i < prepared.size(); ++i) {
     auto launched =
         clients[i]->LaunchReplica(LaunchRequest(k->meta, prepared[i].replica_id, peers));
@@ -187,7 +186,6 @@ Status KernelManager::LaunchReplicas(const std::string& kernel_id,
                                 server_ids[i], launched.status().message()));
     }
   }
-  if (clock != nullptr) clock->Step("launch");
   return Status::Ok();
 }
 
@@ -252,28 +250,23 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
   k.meta.owner = starter.user;
   const std::string id = k.meta.kernel_id;
   const std::shared_ptr<Mutex> op_mu = k.op_mu;
-  StepClock clock;
   MutexLock op(op_mu.get());
   MutexLock quota(&quota_mu_);
   if (Status s = CheckQuota(starter, *request); !s.ok()) return s;
   auto server_ids = registry_->PlaceKernel(std::move(k), options_.replicas);
   quota.Unlock();
   if (!server_ids.ok()) return server_ids.status();
-  clock.Step("place");
-  Status s = LaunchReplicas(id, *server_ids, &clock);
+  Status s = LaunchReplicas(id, *server_ids);
   // Nobody else removes it: deletes and restarts wait for the operation lock held here.
   std::optional<KernelRecord> started = registry_->FindKernel(id);
   NBOS_CHECK(started.has_value(), "a starting kernel left the registry");
   if (s.ok()) s = store_->Put(started->meta);
-  clock.Step("store");
   if (s.ok()) {
     auto session = StartSession(*started);
-    clock.Step("session");
     if (session.ok()) {
       started->session = *session;
       registry_->UpdateKernel(id, [&](KernelRecord& r) { r.session = *session; });
       s = AwaitReplicas(*started);
-      clock.Step("ready");
     } else {
       s = session.status();
     }
@@ -289,8 +282,7 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
     return s;
   }
   registry_->CountKernelStarted();
-  spdlog::info("kernel {} started: replicas on {}; steps:{}", id, fmt::join(*server_ids, ", "),
-               clock.steps());
+  spdlog::info("kernel {} started: replicas on {}", id, fmt::join(*server_ids, ", "));
   return *started;
 }
 

@@ -16,7 +16,6 @@
 #include "gateway/metadata_store.h"
 #include "gateway/planner.h"
 #include "gateway/registry.h"
-#include "gateway/step_clock.h"
 
 namespace nbos::gateway {
 
@@ -77,9 +76,7 @@ class KernelManager {
 
  private:
   Result<std::shared_ptr<KernelSession>> StartSession(const KernelRecord& k);
-  // `clock`, when set, gets the steps "prepare" and "launch".
-  Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids,
-                        StepClock* clock = nullptr);
+  Status LaunchReplicas(const std::string& kernel_id, const std::vector<std::string>& server_ids);
   void StopReplicas(const StoredKernel& meta);
   Status AwaitReplicas(const KernelRecord& k);
   void OnShutdownRequested(const std::string& kernel_id, bool restart);

@@ -33,6 +33,23 @@ class Migrator::Rollback {
 };
 
 // Per-step times for the log: where a slow migration spends its time.
+class Migrator::StepClock {
+ public:
+  void Step(const char* name) {
+    const auto now = SteadyClock::now();
+    steps_ +=
+        fmt::format(" {} {} ms", name,
+                    std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count());
+    start_ = now;
+  }
+  const std::string& steps() const { return steps_; }
+  SteadyClock::time_point started() const { return started_; }
+
+ private:
+  const SteadyClock::time_point started_ = SteadyClock::now();
+  SteadyClock::time_point start_ = started_;
+  std::string steps_;
+};
 
 Migrator::Migrator(Registry* registry, MetadataStore* store, MigratorOptions options)
     : registry_(registry), store_(store), options_(options) {}

@@ -23,7 +23,6 @@
 #include "common/work_queue.h"
 #include "gateway/metadata_store.h"
 #include "gateway/registry.h"
-#include "gateway/step_clock.h"
 #include "sched/migration.h"
 
 namespace nbos::gateway {
@@ -50,6 +49,7 @@ class Migrator {
  private:
   struct Move;
   class Rollback;
+  class StepClock;
   void Run(const std::string& kernel_id, const sched::MigrationPlan& plan,
            const std::string& reason);
   Result<uint32_t> Migrate(const std::string& kernel_id, const sched::MigrationPlan& plan,
