@@ -6,8 +6,8 @@
 # handlers do not turn it on. A cell's messages then leave as a burst of small writes: the first
 # goes out, the rest wait for the browser's ACK of it, which Linux delays by up to 40 ms. Every
 # cell paid that stall whatever the kernel. Each WebSocket is set TCP_NODELAY before its first
-# message instead (as tornado's documentation suggests for latency-sensitive sockets), and so is
-# the WebSocket a front end on `--gateway-url` opens to the gateway for each kernel.
+# message instead (as tornado's documentation suggests for latency-sensitive sockets). The
+# WebSocket to the gateway carries one message per cell and is left as it is.
 import tornado.websocket as _nbos_websocket
 
 _nbos_write_message = _nbos_websocket.WebSocketHandler.write_message
@@ -22,14 +22,3 @@ def _nbos_write_message_without_nagle(self, message, binary=False):
 
 _nbos_websocket.WebSocketHandler.write_message = _nbos_write_message_without_nagle
 
-_nbos_client_write_message = _nbos_websocket.WebSocketClientConnection.write_message
-
-
-def _nbos_client_write_message_without_nagle(self, message, binary=False):
-    if not getattr(self, "_nbos_nodelay", False) and self.protocol is not None:
-        self.protocol.set_nodelay(True)
-        self._nbos_nodelay = True
-    return _nbos_client_write_message(self, message, binary)
-
-
-_nbos_websocket.WebSocketClientConnection.write_message = _nbos_client_write_message_without_nagle

@@ -414,8 +414,7 @@ KernelRouter::Queued KernelRouter::PopHead(Effects* out, Json* waits) {
   shell_queue_.pop_front();
   if (notice_.msg_id != head.request.msg_id()) return head;
   if (!notice_.text.empty()) {
-    notice_.waits.push_back(
-        Json{{"for", notice_.text}, {"ms", (now_us_ - notice_.since_us) / 1000}});
+    EndWaitLine();
     // Only the status line can be among the cell's outputs yet: nothing of it has run.
     Broadcast(Channel::kIopub,
               factory_.Make("clear_output", Json{{"wait", false}}, head.request.header), out);
@@ -423,6 +422,10 @@ KernelRouter::Queued KernelRouter::PopHead(Effects* out, Json* waits) {
   if (waits != nullptr) *waits = std::move(notice_.waits);
   notice_ = WaitNotice{};
   return head;
+}
+
+void KernelRouter::EndWaitLine() {
+  notice_.waits.push_back(Json{{"for", notice_.text}, {"ms", (now_us_ - notice_.since_us) / 1000}});
 }
 
 void KernelRouter::ShowWait(const std::string& detail, Effects* out) {
@@ -437,8 +440,7 @@ void KernelRouter::ShowWait(const std::string& detail, Effects* out) {
   if (notice_.text == text) return;
   const bool first = notice_.text.empty();
   if (!first) {
-    notice_.waits.push_back(
-        Json{{"for", notice_.text}, {"ms", (now_us_ - notice_.since_us) / 1000}});
+    EndWaitLine();
   }
   notice_.text = text;
   notice_.since_us = now_us_;

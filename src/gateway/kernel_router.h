@@ -357,6 +357,8 @@ class KernelRouter {
 
   void Pump(Effects* out);
   void ShowWait(const std::string& detail, Effects* out);
+  // Records the line shown until now, with how long it stood, into notice_.waits.
+  void EndWaitLine();
   // Takes the head request off the queue, clearing its status line; `waits` gets its lines.
   Queued PopHead(Effects* out, jupyter::Json* waits = nullptr);
   void CancelWaitingExecution(Effects* out);
