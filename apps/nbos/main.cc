@@ -6,6 +6,7 @@
 #include "cluster_commands.h"
 #include "jupyter/kernelspec.h"
 #include "relay_commands.h"
+#include "replay_command.h"
 #include "replica_command.h"
 #include "sim_commands.h"
 
@@ -45,12 +46,14 @@ int main(int argc, char** argv) {
   auto run_cluster_command = nbos::app::AddClusterCommands(app, SelfPath());
   auto run_relay_command = nbos::app::AddRelayCommands(app);
   auto run_sim_command = nbos::app::AddSimCommands(app);
+  auto run_replay_command = nbos::app::AddReplayCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   if (int rc = run_replica_command(); rc >= 0) return rc;
   if (int rc = run_cluster_command(); rc >= 0) return rc;
   if (int rc = run_relay_command(); rc >= 0) return rc;
   if (int rc = run_sim_command(); rc >= 0) return rc;
+  if (int rc = run_replay_command(); rc >= 0) return rc;
 
   if (*install) {
     spec.argv = {SelfPath(), "kernel", "-f", "{connection_file}"};

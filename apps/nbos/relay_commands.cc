@@ -21,15 +21,6 @@
 extern char** environ;
 
 namespace nbos::app {
-namespace {
-
-struct GatewayArgs {
-  std::string url;
-  std::string token;
-  std::string kernel_name = "nbos";
-  std::vector<std::string> env;  // KEY=VALUE
-  std::string log_level = "warn";
-};
 
 void AddGatewayOptions(CLI::App* cmd, GatewayArgs* args) {
   cmd->add_option("--gateway", args->url, "Gateway URL, http://HOST:PORT ($NBOS_GATEWAY)")
@@ -45,7 +36,6 @@ void AddGatewayOptions(CLI::App* cmd, GatewayArgs* args) {
       ->capture_default_str();
 }
 
-// The gateway options, or a message for the user.
 Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args) {
   relay::GatewayOptions o;
   o.url = args.url;
@@ -61,6 +51,8 @@ Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args) {
   }
   return o;
 }
+
+namespace {
 
 struct StatusArgs {
   std::string url;

@@ -5,10 +5,27 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "common/status.h"
 #include "jupyter/kernelspec.h"
+#include "relay/gateway_link.h"
 
 namespace nbos::app {
+
+// What every command that talks to a gateway kernel takes.
+struct GatewayArgs {
+  std::string url;
+  std::string token;
+  std::string kernel_name = "nbos";
+  std::vector<std::string> env;  // KEY=VALUE
+  std::string log_level = "warn";
+};
+// --gateway (required, $NBOS_GATEWAY), --token ($NBOS_TOKEN), --kernel-name, --env, --log-level.
+void AddGatewayOptions(CLI::App* cmd, GatewayArgs* args);
+// The gateway options (KERNEL_* of this process and --env in the kernel's env), or a message for
+// the user.
+Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args);
 
 // Adds the subcommands to `app`; the returned function runs whichever was chosen and returns
 // the process exit code, or -1 when none of them was.

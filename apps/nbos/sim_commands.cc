@@ -11,9 +11,40 @@
 #include "sched/journal.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
+#include "sim/slice.h"
 #include "sim/trace.h"
 
 namespace nbos::app {
+
+void AddSliceOptions(CLI::App* cmd, SliceArgs* args) {
+  cmd->add_option("--window", args->window,
+                  "Only the cells submitted in START-END of the trace, e.g. 566h-568h (units s, "
+                  "m, h, d)");
+  cmd->add_option("--speedup", args->speedup, "Run the trace's time this many times faster")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sessions", args->sessions,
+                  "At most this many of the window's sessions, spread over it (0: all)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+Result<sim::Workload> LoadSlice(const std::string& path, const SliceArgs& args) {
+  auto w = sim::LoadTrace(path);
+  if (!w.ok() || (args.window.empty() && args.speedup == 1.0 && args.sessions == 0)) return w;
+  sim::SliceOptions o;
+  if (!args.window.empty()) {
+    auto window = sim::ParseWindow(args.window);
+    if (!window.ok()) return window.status();
+    std::tie(o.start_ms, o.end_ms) = *window;
+  }
+  o.speedup = args.speedup;
+  o.max_sessions = args.sessions;
+  auto sliced = sim::SliceWorkload(*w, o);
+  if (sliced.ok() && sliced->sessions.empty()) {
+    return InvalidArgument("no cell of the trace is submitted in the window " + args.window);
+  }
+  return sliced;
+}
 
 namespace {
 
@@ -34,6 +65,7 @@ struct SimArgs {
   std::string journal_in;
   sim::GeneratorOptions gen;
   std::string gen_out;
+  SliceArgs slice;
 };
 
 Result<sim::SimOptions> Options(const SimArgs& a, const std::string& policy) {
@@ -76,10 +108,11 @@ void AddRunOptions(CLI::App* cmd, SimArgs& a) {
   cmd->add_option("--idle-reclaim", a.idle_reclaim_min,
                   "Reclaim sessions idle this many minutes (0: never)")
       ->capture_default_str();
+  AddSliceOptions(cmd, &a.slice);
 }
 
 int RunSim(const SimArgs& a) {
-  auto w = sim::LoadTrace(a.trace);
+  auto w = LoadSlice(a.trace, a.slice);
   if (!w.ok()) return Fail("", w.status());
   auto o = Options(a, a.policy);
   if (!o.ok()) return Fail("", o.status());
@@ -117,7 +150,7 @@ int RunGenerate(const SimArgs& a) {
 }
 
 int RunReport(const SimArgs& a) {
-  auto w = sim::LoadTrace(a.trace);
+  auto w = LoadSlice(a.trace, a.slice);
   if (!w.ok()) return Fail(" report", w.status());
   std::vector<std::pair<std::string, int64_t>> runs;
   std::vector<std::string> policies = a.policies;

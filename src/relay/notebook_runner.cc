@@ -1,24 +1,19 @@
 #include "relay/notebook_runner.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 
-#include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "common/ids.h"
 #include "jupyter/message.h"
+#include "relay/inbox.h"
 #include "relay/output_collector.h"
+#include "relay/stop_signals.h"
 
 namespace nbos::relay {
 
@@ -31,45 +26,6 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr auto kDeleteTimeout = 30s;
-
-// What the link's reader thread hands to the runner.
-class Inbox {
- public:
-  void Push(WsMessage m) {
-    {
-      std::lock_guard lock(mu_);
-      messages_.push_back(std::move(m));
-    }
-    cv_.notify_all();
-  }
-  void Gone(const Status& why) {
-    {
-      std::lock_guard lock(mu_);
-      gone_ = why;
-    }
-    cv_.notify_all();
-  }
-  // The next message before `deadline`; nullopt on timeout or once the kernel is gone (then
-  // `gone()` says why).
-  std::optional<WsMessage> Pop(Clock::time_point deadline) {
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return !messages_.empty() || gone_.has_value(); });
-    if (messages_.empty()) return std::nullopt;
-    WsMessage m = std::move(messages_.front());
-    messages_.pop_front();
-    return m;
-  }
-  std::optional<Status> gone() {
-    std::lock_guard lock(mu_);
-    return gone_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<WsMessage> messages_;
-  std::optional<Status> gone_;
-};
 
 std::string Source(const Json& cell) {
   const Json& src = cell.contains("source") ? cell["source"] : Json("");
@@ -305,29 +261,17 @@ std::string DefaultOutputPath(const std::string& notebook) {
 
 int RunNotebook(const RunOptions& options) {
   // Ctrl-C or SIGTERM end the run like a lost kernel, so the notebook is still written and the
-  // gateway kernel deleted. The signals are blocked in every thread (the link's inherit the
-  // mask) and taken by a watcher.
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
-  sigset_t old;
-  pthread_sigmask(SIG_BLOCK, &set, &old);
+  // gateway kernel deleted.
   Runner runner(options);
-  std::atomic<bool> done{false};
-  std::atomic<int> signalled{0};
-  std::thread watcher([&] {
-    while (!done) {
-      timespec wait{0, 200 * 1000 * 1000};
-      int sig = sigtimedwait(&set, nullptr, &wait);
-      if (sig <= 0) continue;
-      signalled = sig;
+  int code = 0;
+  int signalled = 0;
+  {
+    StopSignals signals([&runner](int sig) {
       runner.Stop(Unavailable(std::string("stopped by signal ") + strsignal(sig)));
-    }
-  });
-  int code = runner.Run();
-  done = true;
-  watcher.join();
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    });
+    code = runner.Run();
+    signalled = signals.signalled();
+  }
   return signalled != 0 ? 128 + signalled : code;
 }
 

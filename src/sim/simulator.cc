@@ -14,6 +14,12 @@
 
 namespace nbos::sim {
 
+double PercentileOf(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const auto rank = static_cast<size_t>(std::llround(p / 100.0 * (sorted.size() - 1)));
+  return sorted[std::min(rank, sorted.size() - 1)];
+}
+
 namespace {
 
 using nlohmann::json;
@@ -126,12 +132,6 @@ struct SessionState {
   int32_t hosts_wanted = 0;
   bool hosts_shared = false;
 };
-
-double PercentileOf(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const auto rank = static_cast<size_t>(std::llround(p / 100.0 * (sorted.size() - 1)));
-  return sorted[std::min(rank, sorted.size() - 1)];
-}
 
 class Sim {
  public:
@@ -938,6 +938,16 @@ Result<SimResult> Simulate(const Workload& workload, const SimOptions& options) 
   }
   if (options.initial_hosts < 1 && options.max_hosts == 0) {
     return InvalidArgument("no hosts and no room to add any");
+  }
+  // Otherwise the kernels would wait for servers that never come, and the clock tick forever.
+  const bool replicated = options.policy == Policy::kNotebookOS;
+  const int32_t most_hosts = options.auto_scaling ? options.max_hosts : options.initial_hosts;
+  if (replicated && most_hosts >= 0 && most_hosts < sched::kReplicasPerKernel) {
+    return InvalidArgument(
+        std::string(PolicyName(options.policy)) + " places " +
+        std::to_string(sched::kReplicasPerKernel) +
+        " replicas per kernel on distinct servers; the cluster can have at most " +
+        std::to_string(most_hosts));
   }
   for (const Session& s : workload.sessions) {
     if (s.gpus > options.gpus_per_host) {

@@ -82,6 +82,8 @@ struct SimOptions {
 struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0;
 };
+// The value at percentile p (0..100) of ascending `sorted`, by nearest rank; 0 when empty.
+double PercentileOf(const std::vector<double>& sorted, double p);
 
 struct SimResult {
   std::string policy;
