@@ -1,5 +1,7 @@
 #include "replica/replica_gate.h"
 
+#include <cstdlib>
+
 #include <spdlog/spdlog.h>
 
 #include "common/ids.h"
@@ -67,6 +69,8 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   raft.bootstrap = options.peers;
   raft.snapshot_threshold = options.snapshot_threshold;
   raft.snapshot_trailing = std::min(128u, options.snapshot_threshold / 2);
+  // Lets bench/replication_bench.py measure followers without the nudge in the same build.
+  raft.nudge_followers = std::getenv("NBOS_RAFT_NO_NUDGE") == nullptr;
   auto node = replication::RaftNode::Start(raft, &gate->locked_);
   if (!node.ok()) return node.status();
   gate->node_ = std::move(*node);

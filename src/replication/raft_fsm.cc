@@ -14,12 +14,15 @@ namespace {
 StateMachine* MachineOf(struct raft_fsm* fsm) { return static_cast<StateMachine*>(fsm->data); }
 
 constexpr size_t kHeaderBytes = sizeof(uint64_t);
+// The length field of a nudge; no command is that long.
+constexpr uint64_t kNudgeLength = UINT64_MAX;
 
 int FsmApply(struct raft_fsm* fsm, const struct raft_buffer* buf, void** result) {
   *result = nullptr;
   uint64_t len = 0;
   if (buf->len < kHeaderBytes) return RAFT_MALFORMED;
   std::memcpy(&len, buf->base, kHeaderBytes);
+  if (len == kNudgeLength) return 0;
   if (len > buf->len - kHeaderBytes) return RAFT_MALFORMED;
   MachineOf(fsm)->Apply(std::string_view(static_cast<const char*>(buf->base) + kHeaderBytes, len));
   return 0;
@@ -61,6 +64,15 @@ bool EncodeEntry(std::string_view command, struct raft_buffer* out) {
   if (!command.empty()) std::memcpy(static_cast<char*>(base) + kHeaderBytes, command.data(), len);
   out->base = base;
   out->len = padded;
+  return true;
+}
+
+bool EncodeNudge(struct raft_buffer* out) {
+  void* base = raft_calloc(1, kHeaderBytes);
+  if (base == nullptr) return false;
+  std::memcpy(base, &kNudgeLength, kHeaderBytes);
+  out->base = base;
+  out->len = kHeaderBytes;
   return true;
 }
 

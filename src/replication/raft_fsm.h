@@ -19,4 +19,9 @@ void BindFsm(struct raft_fsm* fsm, StateMachine* machine);
 // catches up). Returns false when out of memory.
 bool EncodeEntry(std::string_view command, struct raft_buffer* out);
 
+// A log entry the state machine never sees (the adapter skips it). A leader appends one after a
+// batch commits so that its next AppendEntries, which carries the new commit index, goes out at
+// once: C-Raft 0.15 otherwise tells followers about a commit only with the next heartbeat.
+bool EncodeNudge(struct raft_buffer* out);
+
 }  // namespace nbos::replication

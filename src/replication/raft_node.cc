@@ -141,7 +141,7 @@ struct RaftNode::Impl {
   struct ApplyRequest {
     struct raft_apply req {};
     Impl* impl = nullptr;
-    std::vector<Committed> done;  // one per entry, in log order
+    std::vector<Committed> done;  // one per entry, in log order; empty for a nudge
   };
 
   static void OnApplied(struct raft_apply* req, int status, void* /*result*/) {
@@ -155,7 +155,28 @@ struct RaftNode::Impl {
         r->done[i](self->Error(status, "propose"));
       }
     }
-    self->SubmitWaiting();
+    // Commands that came meanwhile carry the commit index themselves; a nudge never follows a
+    // nudge.
+    if (status == 0 && !r->done.empty() && self->waiting.empty() && self->options.nudge_followers) {
+      self->SubmitNudge();
+    } else {
+      self->SubmitWaiting();
+    }
+  }
+
+  void SubmitNudge() {
+    if (in_flight || raft_closing) return;
+    struct raft_buffer buf {};
+    if (!EncodeNudge(&buf)) return;
+    auto r = std::make_unique<ApplyRequest>();
+    r->impl = this;
+    r->req.data = r.get();
+    if (raft_apply(&raft, &r->req, &buf, 1, OnApplied) != 0) {
+      raft_free(buf.base);  // e.g. leadership lost: followers hear from the next leader
+      return;
+    }
+    in_flight = true;
+    r.release();
   }
 
   void SubmitWaiting() {
