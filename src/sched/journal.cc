@@ -58,6 +58,14 @@ json Enc(const RebalanceOptions& o) {
           {"releasable_target_idle_max_ms", o.releasable_target_idle_max_ms}};
 }
 
+json Enc(const ForecastOptions& o) {
+  return {{"enabled", o.enabled},
+          {"horizon_ms", o.horizon_ms},
+          {"prior_weight", o.prior_weight},
+          {"kernel_history", o.kernel_history},
+          {"cover_chance", o.cover_chance}};
+}
+
 json Enc(const MigrationPlan& m) {
   return {{"replica_id", m.replica_id},
           {"from_server_id", m.from_server_id},
@@ -295,6 +303,13 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
            {"pack_gpus", options.pack_gpus},
            {"rebalance", Enc(options.rebalance)},
            {"gpu_wait_expiry_ms", options.gpu_wait_expiry_ms}}}};
+  // Written only when the forecast is on, so that headers of runs without it keep their bytes.
+  if (options.forecast.enabled) {
+    j["options"]["forecast"] = Enc(options.forecast);
+    j["options"]["rebalance"]["min_return_chance"] = options.rebalance.min_return_chance;
+    j["options"]["rebalance"]["releasable_target_min_chance"] =
+        options.rebalance.releasable_target_min_chance;
+  }
   return j.dump();
 }
 
@@ -332,10 +347,22 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
           r->at("spare_servers_max_replicas").get<int32_t>();
       options.rebalance.releasable_target_idle_max_ms =
           r->at("releasable_target_idle_max_ms").get<int64_t>();
+      // Absent before the forecast existed: off.
+      options.rebalance.min_return_chance = r->value("min_return_chance", -1.0);
+      options.rebalance.releasable_target_min_chance =
+          r->value("releasable_target_min_chance", -1.0);
+    }
+    if (const auto f = o.find("forecast"); f != o.end()) {
+      options.forecast.enabled = f->at("enabled").get<bool>();
+      options.forecast.horizon_ms = f->at("horizon_ms").get<int64_t>();
+      options.forecast.prior_weight = f->at("prior_weight").get<double>();
+      options.forecast.kernel_history = f->at("kernel_history").get<int32_t>();
+      options.forecast.cover_chance = f->at("cover_chance").get<double>();
     }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||
-        options.scaling.buffer_hosts < 0 || options.rebalance.max_per_tick < 0) {
+        options.scaling.buffer_hosts < 0 || options.rebalance.max_per_tick < 0 ||
+        options.forecast.kernel_history <= 0) {
       return InvalidArgument("journal header has invalid scheduler options");
     }
     return options;

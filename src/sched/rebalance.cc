@@ -27,6 +27,14 @@ bool FitsWithPlanned(const Roomy& r, const Resources& request) {
   return SubscriptionFits(with_planned, request);
 }
 
+// Whether a kernel is likely enough to run a cell soon to pin a server scale-in could release.
+bool MayPinReleasable(const IdleKernel& k, int64_t now_ms, const RebalanceOptions& options) {
+  if (k.return_chance >= 0 && options.releasable_target_min_chance >= 0) {
+    return k.return_chance >= options.releasable_target_min_chance;
+  }
+  return k.last_active_ms >= now_ms - options.releasable_target_idle_max_ms;
+}
+
 }  // namespace
 
 RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<IdleKernel>& idle,
@@ -74,6 +82,12 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     }
     if (covering == 1) ++only->relied;
     if (covering > 0) continue;
+    if (k.return_chance >= 0 &&
+        (options.min_return_chance >= 0 || options.releasable_target_min_chance >= 0)) {
+      // A chance moves with time either way, so the answer may change without any event.
+      choice.quiet_until_ms = now_ms;
+      if (k.return_chance < options.min_return_chance) continue;
+    }
     // Written so as not to overflow for a kernel that never moved (lowest()).
     if (k.last_rebalanced_ms <= now_ms - options.kernel_cooldown_ms) {
       uncovered.push_back(&k);
@@ -83,10 +97,12 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     }
   }
   // The most recently active kernels are the likeliest to run a cell soon (notebook cells come
-  // in bursts), so they move first when the bound cuts the list.
+  // in bursts), so they move first when the bound cuts the list; a forecast says it better.
   std::sort(uncovered.begin(), uncovered.end(), [](const IdleKernel* a, const IdleKernel* b) {
-    return std::make_tuple(-a->last_active_ms, std::string_view(a->kernel->kernel_id)) <
-           std::make_tuple(-b->last_active_ms, std::string_view(b->kernel->kernel_id));
+    return std::make_tuple(-a->return_chance, -a->last_active_ms,
+                           std::string_view(a->kernel->kernel_id)) <
+           std::make_tuple(-b->return_chance, -b->last_active_ms,
+                           std::string_view(b->kernel->kernel_id));
   });
 
   // Replicas per server, for keeping servers releasable (only when asked for and only when some
@@ -131,10 +147,7 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
       if (!FitsWithPlanned(r, kernel.request)) continue;
       // Pinning a server that scale-in could release pays only for a kernel likely to run a
       // cell soon; a long-idle one waits for a server that is kept anyway.
-      if (releasable(server.server_id) &&
-          k->last_active_ms < now_ms - options.releasable_target_idle_max_ms) {
-        continue;
-      }
+      if (releasable(server.server_id) && !MayPinReleasable(*k, now_ms, options)) continue;
       TargetKey key{releasable(server.server_id), r.relied, server.IdleGpus() - k->gpus_needed,
                     HostSubscriptionRatio(server, r.added), std::string_view(server.server_id)};
       if (target == nullptr || key < best_target) {

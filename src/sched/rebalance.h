@@ -37,6 +37,12 @@ struct RebalanceOptions {
   // asked for or released GPUs) never moves to a releasable server, only to one that is kept
   // anyway. On the Adobe trace this is what keeps the GPU-hours down (docs/evaluation.md).
   int64_t releasable_target_idle_max_ms = 2 * 3600 * 1000;
+  // For kernels with a forecast (IdleKernel::return_chance >= 0): a kernel less likely than this
+  // to run a cell within the horizon does not move at all (moving it would only churn), and one
+  // less likely than releasable_target_min_chance never moves to a releasable server (instead
+  // of the idle-time rule above). Negative: the rule is off.
+  double min_return_chance = -1;
+  double releasable_target_min_chance = -1;
 };
 
 // One proactive move: which kernel's replica goes where.
@@ -52,17 +58,22 @@ struct IdleKernel {
   int64_t last_active_ms = 0;          // when it last asked for or released GPUs
   // When it last moved proactively; lowest() if never.
   int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
+  // P(it asks for GPUs within the forecast horizon), forecast.h; < 0: no forecast (recency
+  // decides, as without one).
+  double return_chance = -1;
 };
 
 // A kernel is covered when one of its replicas is on an accepting server with >= gpus_needed
 // idle GPUs. For uncovered kernels with gpus_needed >= min_gpus that are out of their cooldown
-// (now_ms - last_rebalanced_ms >= kernel_cooldown_ms), most recently active first (then
-// kernel_id), at most max_per_tick plans:
+// (now_ms - last_rebalanced_ms >= kernel_cooldown_ms) and, with a forecast, at least
+// min_return_chance likely to return, likeliest first (forecast, then most recently active,
+// then kernel_id), at most max_per_tick plans:
 // - Target: accepting, not in `excluded_servers` (e.g. servers the same tick releases), holds no
 //   replica of the kernel, >= gpus_needed idle GPUs, SubscriptionFits(request) counting the
 //   replicas this decision already sends there, and not releasable (see
 //   spare_servers_max_replicas) when the kernel has been idle for more than
-//   releasable_target_idle_max_ms. Ordered: not releasable (more than
+//   releasable_target_idle_max_ms (with a forecast and releasable_target_min_chance >= 0:
+//   when its return chance is below that). Ordered: not releasable (more than
 //   spare_servers_max_replicas replicas, when that is >= 0) first, then by how many idle kernels
 //   already rely on it alone for their GPUs (fewest first, counting this decision's earlier
 //   plans), then the tightest fit (fewest idle GPUs beyond gpus_needed), then lowest SR_h, then

@@ -19,8 +19,8 @@ int64_t HostsFor(int64_t load_gpus, double factor, int32_t gpus_per_host) {
 
 // The decision over server pointers, so that the ClusterState overload (called every scaling
 // interval by the simulator) does not copy every ServerView.
-ScalingDecision Decide(const std::vector<const ServerView*>& servers,
-                       const ScalingOptions& options) {
+ScalingDecision Decide(const std::vector<const ServerView*>& servers, const ScalingOptions& options,
+                       double forecast_gpus) {
   assert(options.gpus_per_host > 0 && options.min_hosts >= 0 && options.buffer_hosts >= 0);
   int64_t load = 0;
   int64_t size = 0;
@@ -28,6 +28,9 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers,
     load += s->committed.gpus;
     if (s->accepting) ++size;
   }
+  // Whole GPUs, rounded up: a forecast of 0.2 GPUs is still a cell that needs a GPU.
+  const int64_t committed = load;
+  load += static_cast<int64_t>(std::ceil(std::max(forecast_gpus, 0.0) - 1e-9));
   const int64_t floor_hosts = int64_t{options.min_hosts} + options.buffer_hosts;
   int64_t target =
       std::max(HostsFor(load, options.scaling_factor, options.gpus_per_host), floor_hosts);
@@ -38,9 +41,10 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers,
       std::max(HostsFor(load, options.scaling_limit, options.gpus_per_host), target);
 
   ScalingDecision decision;
-  decision.reason = "load " + std::to_string(load) + " GPUs, " + std::to_string(size) +
-                    " accepting hosts, target " + std::to_string(target) + ", limit " +
-                    std::to_string(limit);
+  decision.reason = "load " + std::to_string(committed) + " GPUs" +
+                    (load > committed ? " + forecast " + std::to_string(load - committed) : "") +
+                    ", " + std::to_string(size) + " accepting hosts, target " +
+                    std::to_string(target) + ", limit " + std::to_string(limit);
   if (size < target) {
     decision.add_hosts = static_cast<int32_t>(target - size);
     return decision;
@@ -65,19 +69,20 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers,
 
 }  // namespace
 
-ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
-                              const ScalingOptions& options) {
+ScalingDecision DecideScaling(const std::vector<ServerView>& servers, const ScalingOptions& options,
+                              double forecast_gpus) {
   std::vector<const ServerView*> pointers;
   pointers.reserve(servers.size());
   for (const ServerView& s : servers) pointers.push_back(&s);
-  return Decide(pointers, options);
+  return Decide(pointers, options, forecast_gpus);
 }
 
-ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options) {
+ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options,
+                              double forecast_gpus) {
   std::vector<const ServerView*> pointers;
   pointers.reserve(cluster.servers().size());
   for (const auto& [id, s] : cluster.servers()) pointers.push_back(&s);
-  return Decide(pointers, options);
+  return Decide(pointers, options, forecast_gpus);
 }
 
 }  // namespace nbos::sched

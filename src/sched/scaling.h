@@ -34,8 +34,11 @@ struct ScalingDecision {
 // the limit and the target, fewest subscribed GPUs first, then fewest subscribed millicpus,
 // then server_id. Never both adds and releases. Predictive scale-in should wait for a full
 // SubscriptionRatio window; that gating is the caller's.
+// forecast_gpus (>= 0): GPUs idle kernels are expected to ask for soon (forecast.h), added to
+// the committed load for both the target and the limit.
 ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
-                              const ScalingOptions& options = {});
-ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options = {});
+                              const ScalingOptions& options = {}, double forecast_gpus = 0);
+ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options = {},
+                              double forecast_gpus = 0);
 
 }  // namespace nbos::sched

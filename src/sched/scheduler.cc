@@ -212,22 +212,34 @@ TickDecision Scheduler::DoTick() {
   tick.cluster_ratio = ratio_.value();
   tick.demand_gpus = cluster_.DemandGpus();
   tick.busy_gpus = cluster_.TotalCommitted().gpus;
+  if (options_.forecast.enabled) {
+    for (auto& [id, a] : activity_) {
+      if (a.committed_gpus > 0 || a.executor_pending) continue;
+      // next_need is set from placement on, so no kernel lookup is needed here.
+      tick.forecast_gpus += ReturnChanceOf(a) * a.next_need.expected_gpus;
+    }
+  }
   if (options_.auto_scaling && ratio_.window_full()) {
     tick.scaling_evaluated = true;
-    tick.scaling = DecideScaling(cluster_, options_.scaling);
+    tick.scaling = DecideScaling(cluster_, options_.scaling, tick.forecast_gpus);
   }
   if (options_.rebalance.enabled &&
       (rebalance_stale_ || last_event_ms_ >= rebalance_quiet_until_ms_ ||
        tick.scaling.release_server_ids != rebalance_excluded_)) {
     std::vector<IdleKernel> idle;
-    for (const auto& [id, a] : activity_) {
+    for (auto& [id, a] : activity_) {
       if (a.committed_gpus > 0 || a.executor_pending) continue;
       const KernelView* kernel = cluster_.FindKernel(id);
       NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
       // The last cell's GPU count predicts the next one better than the request (the session's
       // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
-      idle.push_back({kernel, a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus,
-                      a.last_active_ms, a.last_rebalanced_ms});
+      // With the forecast, the most the next cell needs with a fair chance (a 1-GPU cell is
+      // often followed by an 8-GPU one).
+      const int32_t gpus = options_.forecast.enabled
+                               ? NeedOf(a, *kernel).cover_gpus
+                               : (a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus);
+      idle.push_back({kernel, gpus, a.last_active_ms, a.last_rebalanced_ms,
+                      options_.forecast.enabled ? ReturnChanceOf(a) : -1.0});
     }
     const std::set<std::string, std::less<>> releasing(tick.scaling.release_server_ids.begin(),
                                                        tick.scaling.release_server_ids.end());
@@ -246,6 +258,40 @@ TickDecision Scheduler::DoTick() {
   return tick;
 }
 
+double Scheduler::ReturnChanceOf(KernelActivity& activity) {
+  const int64_t idle_ms = last_event_ms_ - activity.last_active_ms;
+  const int bin = GapDistribution::BinOf(idle_ms);
+  if (bin != activity.chance_bin || activity.chance_since_ms != activity.last_active_ms) {
+    activity.chance = ReturnChance(gap_population_, activity.gaps, week_profile_, last_event_ms_,
+                                   idle_ms, options_.forecast);
+    activity.chance_bin = bin;
+    activity.chance_since_ms = activity.last_active_ms;
+  }
+  return activity.chance;
+}
+
+GpuNeed Scheduler::NeedOf(const KernelActivity& activity, const KernelView& kernel) const {
+  if (activity.next_need.cover_gpus >= 0) return activity.next_need;
+  const int32_t last = activity.last_cell_gpus >= 0 ? activity.last_cell_gpus : kernel.request.gpus;
+  return NextNeed(need_population_, activity.needs, last, options_.forecast);
+}
+
+void Scheduler::NoteGap(KernelActivity& activity, bool returned) {
+  // Only a kernel idle (nothing granted, nothing asked for) is in a gap; a cell queued behind a
+  // running one is asked for as that one ends, a gap of 0.
+  if (!options_.forecast.enabled || activity.committed_gpus > 0 || activity.executor_pending) {
+    return;
+  }
+  if (!returned) {
+    gap_population_.ObserveNeverReturned();
+    return;
+  }
+  const int64_t gap_ms = std::max<int64_t>(last_event_ms_ - activity.last_active_ms, 0);
+  gap_population_.Observe(gap_ms);
+  activity.gaps.Add(gap_ms, options_.forecast.kernel_history);
+  week_profile_.Observe(last_event_ms_);
+}
+
 void Scheduler::NoteEvent(const SchedulerEvent& event) {
   const int64_t now_ms = last_event_ms_;
   auto touch = [&](const std::string& kernel_id) -> KernelActivity* {
@@ -254,37 +300,58 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
     it->second.last_active_ms = now_ms;
     return &it->second;
   };
-  std::visit(Overloaded{
-                 [&](const KernelPlaced& e) {
-                   activity_[e.kernel.kernel_id] = KernelActivity{.last_active_ms = now_ms};
-                 },
-                 [&](const KernelRemoved& e) {
-                   activity_.erase(e.kernel_id);
-                   gpu_waiters_.Leave(e.kernel_id);
-                 },
-                 [&](const ExecutorRequested& e) {
-                   KernelActivity* a = touch(e.kernel_id);
-                   if (a == nullptr) return;
-                   const KernelView* k = cluster_.FindKernel(e.kernel_id);
-                   a->last_cell_gpus = e.gpus < 0 ? k->request.gpus : e.gpus;
-                   // A GPU-less cell gets no grant, so it would never clear the flag.
-                   a->executor_pending = a->last_cell_gpus > 0;
-                 },
-                 [&](const GrantCommitted& e) {
-                   gpu_waiters_.Leave(e.kernel_id);
-                   if (KernelActivity* a = touch(e.kernel_id)) {
-                     a->committed_gpus += e.resources.gpus;
-                     a->executor_pending = false;
-                   }
-                 },
-                 [&](const GrantReleased& e) {
-                   if (KernelActivity* a = touch(e.kernel_id)) {
-                     a->committed_gpus -= std::min(a->committed_gpus, e.resources.gpus);
-                   }
-                 },
-                 [](const auto&) {},
-             },
-             event);
+  std::visit(
+      Overloaded{
+          [&](const KernelPlaced& e) {
+            KernelActivity& a = activity_[e.kernel.kernel_id];
+            a = KernelActivity{.last_active_ms = now_ms};
+            if (options_.forecast.enabled) {
+              a.next_need =
+                  NextNeed(need_population_, a.needs, e.kernel.request.gpus, options_.forecast);
+            }
+          },
+          [&](const KernelRemoved& e) {
+            if (const auto it = activity_.find(e.kernel_id); it != activity_.end()) {
+              NoteGap(it->second, /*returned=*/false);
+            }
+            activity_.erase(e.kernel_id);
+            gpu_waiters_.Leave(e.kernel_id);
+          },
+          [&](const ExecutorRequested& e) {
+            if (const auto it = activity_.find(e.kernel_id); it != activity_.end()) {
+              NoteGap(it->second, /*returned=*/true);
+            }
+            KernelActivity* a = touch(e.kernel_id);
+            if (a == nullptr) return;
+            const KernelView* k = cluster_.FindKernel(e.kernel_id);
+            const int32_t gpus = e.gpus < 0 ? k->request.gpus : e.gpus;
+            // A new cell (not a waiting one asking again) after an earlier one.
+            if (options_.forecast.enabled && !a->executor_pending && a->last_cell_gpus >= 0) {
+              need_population_.Observe(a->last_cell_gpus, gpus);
+              a->needs.Observe(a->last_cell_gpus, gpus);
+            }
+            a->last_cell_gpus = gpus;
+            if (options_.forecast.enabled) {
+              a->next_need = NextNeed(need_population_, a->needs, gpus, options_.forecast);
+            }
+            // A GPU-less cell gets no grant, so it would never clear the flag.
+            a->executor_pending = a->last_cell_gpus > 0;
+          },
+          [&](const GrantCommitted& e) {
+            gpu_waiters_.Leave(e.kernel_id);
+            if (KernelActivity* a = touch(e.kernel_id)) {
+              a->committed_gpus += e.resources.gpus;
+              a->executor_pending = false;
+            }
+          },
+          [&](const GrantReleased& e) {
+            if (KernelActivity* a = touch(e.kernel_id)) {
+              a->committed_gpus -= std::min(a->committed_gpus, e.resources.gpus);
+            }
+          },
+          [](const auto&) {},
+      },
+      event);
 }
 
 // ---- Typed conveniences -----------------------------------------------------------------------

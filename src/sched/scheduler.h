@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "sched/cluster.h"
 #include "sched/executor.h"
+#include "sched/forecast.h"
 #include "sched/gpu_waiters.h"
 #include "sched/migration.h"
 #include "sched/placement.h"
@@ -45,6 +46,11 @@ struct SchedulerOptions {
   // Proactive rebalancing of idle kernels on Tick (rebalance.h). Off by default: the gateway
   // ignores TickDecision::rebalance; `nbos sim` turns it on for notebookos.
   RebalanceOptions rebalance;
+  // Demand forecast from session state (forecast.h). When enabled, each tick adds the GPUs idle
+  // kernels are expected to ask for within forecast.horizon_ms to the load that auto-scaling
+  // sizes the cluster for, and rebalancing moves the kernels likeliest to run a cell soon first.
+  // Off by default (the gateway's behaviour); `nbos sim` turns it on for notebookos.
+  ForecastOptions forecast;
   // Cells waiting for GPUs are served first come, first served (gpu_waiters.h); a waiter that has
   // not asked again for this long loses its place. 0: never (`nbos sim`, whose waiting cells
   // always run in the end); the gateway, which asks again every few tens of ms, sets a bound so
@@ -162,6 +168,9 @@ struct TickDecision {
   double cluster_ratio = 0;  // SR_c after this tick's sample
   int64_t demand_gpus = 0;
   int64_t busy_gpus = 0;
+  // With options.forecast.enabled: Σ over idle kernels of P(a cell within the horizon) × the
+  // GPUs of its last cell; 0 otherwise.
+  double forecast_gpus = 0;
   bool scaling_evaluated = false;  // auto_scaling on and the ratio window full
   ScalingDecision scaling;         // meaningful when scaling_evaluated
   // With options.rebalance.enabled: proactive moves of idle kernels' replicas (ChooseRebalance
@@ -251,7 +260,25 @@ class Scheduler {
     int32_t last_cell_gpus = -1;    // GPUs of its last executor request; < 0: none yet
     int64_t last_active_ms = 0;
     int64_t last_rebalanced_ms = std::numeric_limits<int64_t>::lowest();
+    KernelGaps gaps;    // idle gaps that ended in an executor request (forecast)
+    NeedHistory needs;  // GPUs of each cell after the one before (forecast)
+    // NeedOf as of its last executor request (the population changes with every cell; a tick
+    // reads this instead of recomputing it for every idle kernel).
+    GpuNeed next_need{-1, -1};
+    // ReturnChanceOf as computed when its idle time (since chance_since_ms) entered chance_bin
+    // (GapDistribution::BinOf): every idle kernel is read on every tick, and the chance moves
+    // little within a bin.
+    double chance = 0;
+    int32_t chance_bin = -1;
+    int64_t chance_since_ms = -1;
   };
+  // The forecast's view of an idle kernel: P(it asks for GPUs within the horizon), kept while
+  // its idle time stays in one bin.
+  double ReturnChanceOf(KernelActivity& activity);
+  // Its next cell's likely GPUs (forecast), from the last cell's (or the request's).
+  GpuNeed NeedOf(const KernelActivity& activity, const KernelView& kernel) const;
+  // Learns the gap that ends (or never will) for a kernel idle since activity.last_active_ms.
+  void NoteGap(KernelActivity& activity, bool returned);
 
   SchedulerOptions options_;
   ClusterState cluster_;
@@ -260,6 +287,9 @@ class Scheduler {
   int64_t last_event_ms_ = 0;
   std::map<std::string, KernelActivity, std::less<>> activity_;
   GpuWaiters gpu_waiters_;
+  GapDistribution gap_population_;  // all kernels' idle gaps (forecast)
+  WeekProfile week_profile_;        // executor requests by hour of the week (forecast)
+  NeedHistory need_population_;     // all kernels' cell-to-cell GPU counts (forecast)
   // Rebalancing is recomputed on a tick only after some event, or from rebalance_quiet_until_ms_
   // on (ChooseRebalance's quiet_until_ms), or when the tick's release candidates (excluded as
   // targets) differ from those of the last choice.

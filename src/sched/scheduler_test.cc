@@ -484,3 +484,67 @@ TEST(JournalTest, MalformedJournalIsAnError) {
 
 }  // namespace
 }  // namespace nbos::sched
+
+namespace nbos::sched {
+namespace {
+
+// Kernel k (8 GPUs) on s0..s2 has run `cells` cells of 1 minute, each 1 minute after the last
+// one ended; the last one ended at the returned time.
+int64_t RunShortGappedCells(Scheduler& s, int cells) {
+  EXPECT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(8), {"s0", "s1", "s2"})).ok());
+  int64_t t = 60000;
+  for (int i = 0; i < cells; ++i) {
+    EXPECT_TRUE(s.RequestExecutor(t, {.kernel_id = "k", .gpus = 8}).ok());
+    EXPECT_TRUE(s.OnGrantCommitted(t, {"k", 1, "s0", Req(8, 0, 0)}).ok());
+    t += 60000;
+    EXPECT_TRUE(s.OnGrantReleased(t, {"k", 1, "s0", Req(8, 0, 0)}).ok());
+    t += 60000;
+  }
+  return t - 60000;
+}
+
+TEST(SchedulerForecastTest, AnIdleKernelThatComesBackSoonIsLoadForScaling) {
+  SchedulerOptions o = Options();
+  o.ratio_window = 1;
+  o.forecast.enabled = true;
+  o.forecast.horizon_ms = 120000;
+  Scheduler s = WithServers(3, o);
+  const int64_t end_ms = RunShortGappedCells(s, 5);
+  // Every gap so far was 1 minute: an 8-GPU kernel idle for 15 s is back within 2 minutes.
+  TickDecision t = s.OnTick(end_ms + 15000);
+  EXPECT_NEAR(t.forecast_gpus, 8.0, 1e-9);
+  ASSERT_TRUE(t.scaling_evaluated);
+  EXPECT_EQ(t.scaling.add_hosts, 0);  // ⌈8 × 1.10 / 8⌉ = 2 < 3 hosts
+  EXPECT_NE(t.scaling.reason.find("forecast 8"), std::string::npos) << t.scaling.reason;
+  // Idle for 10 minutes, longer than any gap it had: the forecast no longer counts it.
+  t = s.OnTick(end_ms + 600000);
+  EXPECT_LT(t.forecast_gpus, 1.0);
+}
+
+TEST(SchedulerForecastTest, OffByDefaultAsTheGatewayRunsIt) {
+  SchedulerOptions o = Options();
+  o.ratio_window = 1;
+  EXPECT_FALSE(o.forecast.enabled);
+  Scheduler s = WithServers(3, o);
+  const int64_t end_ms = RunShortGappedCells(s, 5);
+  TickDecision t = s.OnTick(end_ms + 15000);
+  EXPECT_EQ(t.forecast_gpus, 0);
+  EXPECT_EQ(t.scaling.reason.find("forecast"), std::string::npos);
+}
+
+TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
+  SchedulerOptions o = Options();
+  o.forecast.enabled = true;
+  o.forecast.horizon_ms = 90000;
+  o.rebalance.min_return_chance = 0.25;
+  Result<SchedulerOptions> back = DecodeJournalHeader(EncodeJournalHeader(o));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->forecast.enabled);
+  EXPECT_EQ(back->forecast.horizon_ms, 90000);
+  EXPECT_EQ(back->rebalance.min_return_chance, 0.25);
+  o.forecast.enabled = false;
+  EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nbos::sched

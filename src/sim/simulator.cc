@@ -53,6 +53,14 @@ using nlohmann::json;
   X(rebalance_min_gpus)               \
   X(rebalance_releasable_idle_max_ms) \
   X(pack_gpus)                        \
+  X(forecast)                         \
+  X(forecast_horizon_ms)              \
+  X(forecast_prior_weight)            \
+  X(forecast_cover_chance)            \
+  X(forecast_scaling_factor)          \
+  X(forecast_scaling_limit)           \
+  X(rebalance_min_return_chance)      \
+  X(rebalance_releasable_min_chance)  \
   X(warm_per_host)                    \
   X(lcp_warm_per_host)                \
   X(gpu_hour_cost_usd)                \
@@ -929,6 +937,18 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
   s.rebalance.spare_servers_max_replicas = c.release_max_replicas;
   s.rebalance.releasable_target_idle_max_ms = c.rebalance_releasable_idle_max_ms;
   s.pack_gpus = options.policy == Policy::kNotebookOS && c.pack_gpus;
+  if (options.policy == Policy::kNotebookOS && c.forecast) {
+    s.forecast.enabled = true;
+    s.forecast.horizon_ms = c.forecast_horizon_ms;
+    s.forecast.prior_weight = c.forecast_prior_weight;
+    s.forecast.cover_chance = c.forecast_cover_chance;
+    // The forecast adds the idle kernels' likely demand to the load, which may call for a
+    // different headroom on top than the plain factor (off by default).
+    if (c.forecast_scaling_factor > 0) s.scaling.scaling_factor = c.forecast_scaling_factor;
+    if (c.forecast_scaling_limit > 0) s.scaling.scaling_limit = c.forecast_scaling_limit;
+    s.rebalance.min_return_chance = c.rebalance_min_return_chance;
+    s.rebalance.releasable_target_min_chance = c.rebalance_releasable_min_chance;
+  }
   return s;
 }
 

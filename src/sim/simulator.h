@@ -52,11 +52,30 @@ struct SimConfig {
   int32_t rebalance_per_tick = 4;          // moves per tick
   int64_t rebalance_cooldown_ms = 300000;  // a kernel moves proactively at most this often
   int32_t rebalance_min_gpus = 1;          // only kernels whose next cell needs this many GPUs
-  // a kernel idle longer than this moves only to servers that scale-in would not release
+  // without the forecast: a kernel idle longer than this moves only to servers that scale-in
+  // would not release
   int64_t rebalance_releasable_idle_max_ms = 7200000;
   // notebookos: executor and migration target by best fit, sparing wholly idle servers
   // (sched::SchedulerOptions::pack_gpus); false: most idle GPUs first.
   bool pack_gpus = true;
+  // notebookos: demand forecast from session state (sched::ForecastOptions). Each scaling tick
+  // adds Σ P(idle kernel runs a cell within forecast_horizon_ms) × its next cell's expected GPUs
+  // to the committed load auto-scaling sizes for, scaled by forecast_scaling_factor / _limit
+  // (<= 0: scaling_factor / scaling_limit); rebalancing moves the likeliest kernels first and
+  // keeps each next to the GPUs its next cell needs with forecast_cover_chance. false: as before
+  // the forecast (last cell's GPUs, most recent first, the idle window below).
+  bool forecast = true;
+  int64_t forecast_horizon_ms = 180000;
+  double forecast_prior_weight = 4.0;  // a kernel's own gaps vs the population's (forecast.h)
+  // rebalancing keeps an idle kernel next to the most GPUs its next cell needs with this chance
+  double forecast_cover_chance = 0.25;
+  double forecast_scaling_factor = -1;
+  double forecast_scaling_limit = -1;
+  // With the forecast: kernels less likely than this to return within the horizon are not
+  // moved proactively, and ones less likely than the second never pin a releasable server
+  // (instead of rebalance_releasable_idle_max_ms). < 0: off.
+  double rebalance_min_return_chance = -1;
+  double rebalance_releasable_min_chance = 0.1;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
