@@ -37,8 +37,8 @@ int Fail(const Status& s, int code = 2) {
   return code;
 }
 
-Status WriteResults(const ReplayArgs& a, const sim::SimResult& live, const sim::SimResult& simulated,
-                    const sim::SimOptions& o) {
+Status WriteResults(const ReplayArgs& a, const sim::SimResult& live,
+                    const sim::SimResult& simulated, const sim::SimOptions& o) {
   std::ofstream out(a.out);
   out << "{\"trace\": \"" << a.trace << "\", \"window\": \"" << a.slice.window
       << "\", \"speedup\": " << a.slice.speedup << ", \"sessions\": " << a.slice.sessions
@@ -78,9 +78,8 @@ int RunReplay(const ReplayArgs& a) {
   if (!run.ok()) return Fail(run.status());
   const sim::SimResult live = replay::SummarizeReplay(
       run->cells, run->samples, static_cast<int64_t>(workload->sessions.size()), run->end_ms);
-  const sim::SimOptions o =
-      replay::SimOptionsForLive(base, run->initial_servers, run->gpus_per_server,
-                                a.max_hosts, a.scaling_interval_ms, a.seed);
+  const sim::SimOptions o = replay::SimOptionsForLive(
+      base, run->initial_servers, run->gpus_per_server, a.max_hosts, a.scaling_interval_ms, a.seed);
   auto simulated = sim::Simulate(*workload, o);
   if (!simulated.ok()) return Fail(simulated.status());
   std::cout << replay::ComparisonTable(live, *simulated);

@@ -42,7 +42,8 @@ void SummarizeCells(const std::vector<CellOutcome>& cells, sim::SimResult* r) {
   }
   r->cells = static_cast<int64_t>(cells.size());
   const int64_t ran = r->cells - r->cells_failed;
-  r->pct_immediate = ran > 0 ? 100.0 * static_cast<double>(immediate) / static_cast<double>(ran) : 0;
+  r->pct_immediate =
+      ran > 0 ? 100.0 * static_cast<double>(immediate) / static_cast<double>(ran) : 0;
   r->delay_s = Percentiles(delays_s);
   r->tct_s = Percentiles(tcts_s);
 }
@@ -98,13 +99,14 @@ sim::SimOptions SimOptionsForLive(const sim::SimConfig& base, int32_t servers,
   o.config.scaling_interval_ms = scaling_interval_ms;
   o.config.rebalance_per_tick = 0;
   o.config.pack_gpus = false;
+  o.config.forecast = false;
   o.config.release_max_replicas = -1;  // the gateway drains any server it releases
   return o;
 }
 
 std::string ComparisonTable(const sim::SimResult& live, const sim::SimResult& simulated) {
-  std::string out = fmt::format("{:<28} {:>12} {:>12} {:>8}\n", "", "live", "simulated",
-                                "live/sim");
+  std::string out =
+      fmt::format("{:<28} {:>12} {:>12} {:>8}\n", "", "live", "simulated", "live/sim");
   auto row = [&out](std::string_view name, double a, double b) {
     const std::string ratio = b != 0 ? fmt::format("{:.2f}", a / b) : std::string("-");
     out += fmt::format("{:<28} {:>12.4g} {:>12.4g} {:>8}\n", name, a, b, ratio);

@@ -49,7 +49,8 @@ sim::SimResult SummarizeReplay(const std::vector<CellOutcome>& cells,
 
 // What `nbos sim` needs to run the slice a replay ran, on the same cluster: notebookos with the
 // scheduler knobs the gateway uses (gateway.cc: min hosts = the servers it started with, no
-// buffer hosts, no proactive rebalancing, no GPU packing, scale-in drains any server), auto-scaling up to `max_servers` when
+// buffer hosts, no proactive rebalancing, no GPU packing, no demand forecast, scale-in drains
+// any server), auto-scaling up to `max_servers` when
 // that is above `servers` (a fixed cluster otherwise), and `base`'s latencies.
 sim::SimOptions SimOptionsForLive(const sim::SimConfig& base, int32_t servers,
                                   int32_t gpus_per_server, int32_t max_servers,

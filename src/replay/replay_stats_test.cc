@@ -70,6 +70,29 @@ TEST(ReplayStatsTest, ComparisonTableShowsTheRatio) {
   EXPECT_NE(table.find("0.90"), std::string::npos);
 }
 
+// The simulation of a replay mirrors the gateway's scheduler, not the simulator's own defaults.
+TEST(ReplayStatsTest, TheSimulationMirrorsTheGateway) {
+  sim::SimConfig base;
+  base.provision_ms = 1500;
+  sim::SimOptions fixed = SimOptionsForLive(base, 3, 8, 0, 5000, 7);
+  EXPECT_FALSE(fixed.auto_scaling);
+  EXPECT_EQ(fixed.initial_hosts, 3);
+  EXPECT_EQ(fixed.max_hosts, 3);
+  EXPECT_EQ(fixed.gpus_per_host, 8);
+  EXPECT_EQ(fixed.seed, 7u);
+  EXPECT_EQ(fixed.config.provision_ms, 1500);
+  EXPECT_EQ(fixed.config.scaling_interval_ms, 5000);
+  EXPECT_EQ(fixed.config.min_hosts, 3);
+  EXPECT_EQ(fixed.config.buffer_hosts, 0);
+  EXPECT_EQ(fixed.config.rebalance_per_tick, 0);
+  EXPECT_FALSE(fixed.config.pack_gpus);
+  EXPECT_FALSE(fixed.config.forecast);
+  EXPECT_EQ(fixed.config.release_max_replicas, -1);
+  sim::SimOptions growing = SimOptionsForLive(base, 3, 8, 6, 5000, 1);
+  EXPECT_TRUE(growing.auto_scaling);
+  EXPECT_EQ(growing.max_hosts, 6);
+}
+
 TEST(ReplayCellTest, TheCellReportsItsBody) {
   const std::string code = CellCode(1500);
   EXPECT_NE(code.find("sleep(1.500)"), std::string::npos);

@@ -81,8 +81,8 @@ http::Headers AuthHeaders(const relay::GatewayOptions& g) {
 
 // GET /api/nbos/cluster as JSON.
 Result<Json> FetchCluster(const relay::GatewayOptions& g) {
-  auto r = http::HttpRequest("GET", g.url + "/api/nbos/cluster", AuthHeaders(g), "",
-                             g.request_timeout);
+  auto r =
+      http::HttpRequest("GET", g.url + "/api/nbos/cluster", AuthHeaders(g), "", g.request_timeout);
   if (!r.ok()) return Unavailable("gateway " + g.url + ": " + r.status().message());
   if (r->status != 200) {
     return Unavailable(fmt::format("gateway {} answered {} to GET /api/nbos/cluster: {}", g.url,
@@ -190,9 +190,9 @@ bool SessionRun::StartKernel() {
 
 // The shell reply to `msg_id`. With `stdout_text`, also waits for the request's iopub idle and
 // collects its stdout there; the reply's arrival time goes to `reply_at`.
-std::optional<Message> SessionRun::AwaitReply(const std::string& msg_id,
-                                              Clock::time_point deadline,
-                                              std::string* stdout_text, Clock::time_point* reply_at) {
+std::optional<Message> SessionRun::AwaitReply(const std::string& msg_id, Clock::time_point deadline,
+                                              std::string* stdout_text,
+                                              Clock::time_point* reply_at) {
   std::optional<Message> reply;
   bool idle = stdout_text == nullptr;
   while (!(reply && idle) && Clock::now() < deadline && !clock_->stopped()) {
@@ -236,8 +236,8 @@ void SessionRun::RunCell(const sim::Cell& cell, CellOutcome* out) {
                           &stdout_text, &reply_at);
   if (!reply && !inbox_.gone() && !clock_->stopped()) {
     Log(fmt::format("a cell got no reply in {} s; interrupting the kernel",
-                    std::chrono::duration_cast<std::chrono::seconds>(
-                        1ms * cell.duration_ms + options_.cell_grace)
+                    std::chrono::duration_cast<std::chrono::seconds>(1ms * cell.duration_ms +
+                                                                     options_.cell_grace)
                         .count()));
     if (Status s = link_->Interrupt(); !s.ok()) Log(s.message());
     AwaitReply(m.msg_id(), Clock::now() + kInterruptGrace);
@@ -292,9 +292,10 @@ Result<ReplayRun> Replay(const sim::Workload& workload, const ReplayOptions& opt
   }
   for (const sim::Session& s : workload.sessions) {
     if (s.gpus > most_gpus) {
-      return InvalidArgument(fmt::format("session {} wants {} GPUs; the cluster's servers have at "
-                                         "most {}",
-                                         s.id, s.gpus, most_gpus));
+      return InvalidArgument(
+          fmt::format("session {} wants {} GPUs; the cluster's servers have at "
+                      "most {}",
+                      s.id, s.gpus, most_gpus));
     }
   }
   ReplayRun run;

@@ -36,7 +36,7 @@ struct ReplayOptions {
 struct ReplayRun {
   std::vector<CellOutcome> cells;  // session by session, in the workload's order
   std::vector<ClusterSample> samples;
-  int64_t end_ms = 0;  // the replay's clock when the last session stopped
+  int64_t end_ms = 0;           // the replay's clock when the last session stopped
   int64_t sessions_failed = 0;  // kernels that could not be started or were lost
   int32_t initial_servers = 0;  // alive when the replay began
   int32_t gpus_per_server = 0;  // the most any of them had

@@ -1,8 +1,8 @@
 #include "replica/replica_gate.h"
 
-#include <cstdlib>
-
 #include <spdlog/spdlog.h>
+
+#include <cstdlib>
 
 #include "common/ids.h"
 #include "replica/python_engine.h"

@@ -16,13 +16,22 @@ int64_t Scaled(int64_t ms, double speedup) {
 
 Result<int64_t> ParseDurationMs(std::string_view text) {
   if (text == "0") return int64_t{0};
-  if (text.size() < 2) return InvalidArgument("'" + std::string(text) + "' needs a unit s, m, h or d");
+  if (text.size() < 2)
+    return InvalidArgument("'" + std::string(text) + "' needs a unit s, m, h or d");
   double per_unit_ms = 0;
   switch (text.back()) {
-    case 's': per_unit_ms = 1000; break;
-    case 'm': per_unit_ms = 60000; break;
-    case 'h': per_unit_ms = 3600000; break;
-    case 'd': per_unit_ms = 86400000; break;
+    case 's':
+      per_unit_ms = 1000;
+      break;
+    case 'm':
+      per_unit_ms = 60000;
+      break;
+    case 'h':
+      per_unit_ms = 3600000;
+      break;
+    case 'd':
+      per_unit_ms = 86400000;
+      break;
     default:
       return InvalidArgument("'" + std::string(text) + "' needs a unit s, m, h or d");
   }
@@ -46,7 +55,8 @@ Result<std::pair<int64_t, int64_t>> ParseWindow(std::string_view text) {
   if (!start.ok()) return InvalidArgument("window start: " + start.status().message());
   auto end = ParseDurationMs(text.substr(dash + 1));
   if (!end.ok()) return InvalidArgument("window end: " + end.status().message());
-  if (*end <= *start) return InvalidArgument("window '" + std::string(text) + "' ends before it starts");
+  if (*end <= *start)
+    return InvalidArgument("window '" + std::string(text) + "' ends before it starts");
   return std::make_pair(*start, *end);
 }
 
@@ -73,9 +83,10 @@ Result<Workload> SliceWorkload(const Workload& workload, const SliceOptions& opt
     kept.start_ms = std::min(kept.start_ms, kept.cells.front().submit_ms);
     out.sessions.push_back(std::move(kept));
   }
-  std::stable_sort(out.sessions.begin(), out.sessions.end(), [](const Session& a, const Session& b) {
-    return std::tie(a.start_ms, a.id) < std::tie(b.start_ms, b.id);
-  });
+  std::stable_sort(out.sessions.begin(), out.sessions.end(),
+                   [](const Session& a, const Session& b) {
+                     return std::tie(a.start_ms, a.id) < std::tie(b.start_ms, b.id);
+                   });
   const auto m = static_cast<int64_t>(out.sessions.size());
   if (options.max_sessions > 0 && options.max_sessions < m) {
     std::vector<Session> chosen;

@@ -12,10 +12,10 @@
 namespace nbos::sim {
 
 struct SliceOptions {
-  int64_t start_ms = 0;       // window [start_ms, end_ms) of cell submissions, trace time
-  int64_t end_ms = -1;        // < 0: to the end of the trace
-  double speedup = 1.0;       // trace time runs this many times faster; > 0
-  int32_t max_sessions = 0;   // > 0: keep this many of the window's sessions, evenly spaced
+  int64_t start_ms = 0;      // window [start_ms, end_ms) of cell submissions, trace time
+  int64_t end_ms = -1;       // < 0: to the end of the trace
+  double speedup = 1.0;      // trace time runs this many times faster; > 0
+  int32_t max_sessions = 0;  // > 0: keep this many of the window's sessions, evenly spaced
 };
 
 // The cells submitted inside the window, each whole (a cell may run past the window's end), and
