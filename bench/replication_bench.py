@@ -10,15 +10,19 @@ each number beside a baseline measured in the same run.
                         executor's execute_reply received). Baseline: the same cells on the
                         standalone `nbos kernel`, each right after its replicated twin.
                         Design target: commit p99 <= 5 ms.
-  2. large-object sync  a cell creating 8 x 32 MiB float32 tensors (256 MiB) on the leader,
-                        repeated 3 times with fresh content, each followed by a cell re-binding
-                        the SAME tensors (dedup; on the leader and on a follower), on
-                        the directory blob store (in /tmp) and on Redis (a private redis-server).
+  2. large-object sync  a cell creating 8 float32 tensors of 64 MiB in all (8 x 8 MiB) and
+                        then of 256 MiB (8 x 32 MiB) on the leader, repeated 3 times with fresh
+                        content, each followed by a cell re-binding the SAME tensors (dedup; on
+                        the leader and on a follower), on three blob stores: the directory store
+                        on disk (`dir`, in /tmp), the directory store in RAM (`shm`, a tmpfs
+                        directory in /dev/shm) and Redis (`redis`, a private redis-server).
                         Reported: executor sync time and MB/s, standby time until applied and
                         MB/s. Baselines: numpy .tofile() of the same bytes to the same
                         filesystem, pickle.dumps of the same tensors, sha256 of the bytes, one
                         copy into fresh memory and (for Redis) a raw SET of the bytes over one
-                        connection. Target: >= 500 MB/s to the directory store.
+                        connection. Targets: executor sync >= 1 GB/s (1024 MB/s) to the RAM
+                        stores (shm, redis) and >= the .tofile() baseline on disk (dir, and
+                        >= 500 MB/s); standby ready <= 1.5 x the executor's sync time.
   3. per-cell overhead  round trip of `pass` on the replicated kernel vs the standalone kernel.
 
 How the large-object numbers are derived (the executor's `nbos.timings_ms` are elect / run /
@@ -68,6 +72,9 @@ MB = float(1 << 20)
 
 COMMIT_P99_TARGET_MS = 5.0
 DIR_STORE_TARGET_MBPS = 500.0
+RAM_STORE_TARGET_MBPS = 1024.0
+STANDBY_READY_MAX_RATIO = 1.5
+RAM_STORES = ("shm", "redis")
 
 
 class BenchError(RuntimeError):
@@ -612,21 +619,33 @@ def baselines(tensors, nbytes, scratch_dir, redis):
     return res
 
 
-def phase_large(group, store_label, args, scratch_dir, redis, bench_tensors):
+def phase_large(group, store_label, args, scratch_dir, redis, tensors_by_mb):
+    """Runs every size in args.large_mb on this group; returns {"<store> <MB> MB": result}."""
     eps = group.endpoints()
     t_big = args.large_timeout
     sh = args.store_history
     leader, follower, probe = find_leader(eps, args.timeout, sh)
     log(f"  {store_label}: Raft leader looks like replica {leader} (median `pass` commit ms by"
         f" replica: { {k: round(v, 1) for k, v in probe.items()} })")
-    count, tensor_mb = args.large_tensors, args.large_mb // args.large_tensors
-    nbytes = count * tensor_mb * (1 << 20)
-    create, rebind = large_cells(count, tensor_mb)
     run_cell(eps, "import time\nimport torch", leader, t_big, sh)  # not what we measure
     # Warm-up: one small round through the same code paths (4 MiB).
     run_cell(eps, "ws = [torch.randn(1024, 1024)]", leader, t_big, sh)
     run_cell(eps, "del ws", leader, t_big, sh)
+    out = {}
+    for mb in args.large_mb:
+        r = large_size(group, eps, store_label, args, scratch_dir, redis, tensors_by_mb[mb],
+                       mb, leader, follower)
+        r.update({"store": store_label, "leader_probe_commit_ms": probe})
+        out[f"{store_label} {mb} MB"] = r
+    return out
 
+
+def large_size(group, eps, store_label, args, scratch_dir, redis, bench_tensors, large_mb,
+               leader, follower):
+    t_big, sh = args.large_timeout, args.store_history
+    count, tensor_mb = args.large_tensors, large_mb // args.large_tensors
+    nbytes = count * tensor_mb * (1 << 20)
+    create, rebind = large_cells(count, tensor_mb)
     reps = []
     converged = None
     for rep in range(args.repeats):
@@ -644,12 +663,13 @@ def phase_large(group, store_label, args, scratch_dir, redis, bench_tensors):
         base = baselines(bench_tensors, nbytes, scratch_dir, redis)
         reps.append({"new": new, "dedup_same_executor": same, "dedup_other_executor": other,
                      "baselines": base})
-        log(f"  {store_label:<5} repeat {rep + 1}/{args.repeats}: new {new['exec_sync_ms']:.0f} ms"
+        log(f"  {store_label:<5} {large_mb} MB repeat {rep + 1}/{args.repeats}:"
+            f" new {new['exec_sync_ms']:.0f} ms"
             f" exec sync, standby ready {new['standby_ready_ms']:.0f} ms;"
             f" dedup {same['exec_sync_ms']:.0f} ms ({time.perf_counter() - t0:.1f}s)")
     return {"store_url": group.store_url, "bytes": nbytes, "tensors": count,
             "tensor_mb": tensor_mb, "repeats": reps, "converged": converged,
-            "executor": leader, "other_executor": follower, "leader_probe_commit_ms": probe}
+            "executor": leader, "other_executor": follower}
 
 
 # --------------------------------------------------------------------------- report
@@ -677,6 +697,33 @@ def f(x, digits=2):
 def med(values):
     s = sorted(v for v in values if v is not None)
     return percentile(s, 50) if s else float("nan")
+
+
+def large_verdicts(r, long=False):
+    """The targets for new tensors on one store and size, each with its figure and MET/MISSED."""
+    nb, reps, store = r["bytes"], r["repeats"], r.get("store", "dir")
+    sync = med([x["new"]["exec_sync_ms"] for x in reps])
+    ready = med([x["new"]["standby_ready_ms"] for x in reps])
+    v = mbps(nb, sync)
+    out = []
+
+    def verdict(ok):
+        return "MET" if ok else "MISSED"
+
+    if store in RAM_STORES:
+        out.append(f"exec sync >= {RAM_STORE_TARGET_MBPS:g} MB/s (RAM store): {v:.0f} MB/s -> "
+                   + verdict(v >= RAM_STORE_TARGET_MBPS))
+    else:
+        b = mbps(nb, med([x["baselines"]["tofile_ms"] for x in reps]))
+        out.append(f"exec sync >= .tofile() {b:.0f} MB/s: {v:.0f} MB/s -> " + verdict(v >= b))
+        out.append(f"exec sync >= {DIR_STORE_TARGET_MBPS:g} MB/s: {v:.0f} MB/s -> "
+                   + verdict(v >= DIR_STORE_TARGET_MBPS))
+    ratio = ready / sync if sync > 0 else float("nan")
+    out.append(f"standby ready <= {STANDBY_READY_MAX_RATIO:g}x exec sync: {ratio:.2f}x"
+               + (f" ({ready:.0f} vs {sync:.0f} ms)" if long else "") + " -> "
+               + verdict(ratio <= STANDBY_READY_MAX_RATIO))
+    return out if long else [x.split(":")[0].replace("exec sync ", "") + " " + x.split()[-1]
+                             for x in out]
 
 
 def report(res):
@@ -722,9 +769,10 @@ def report(res):
     L = res.get("large_object")
     if L:
         any_store = next(iter(L.values()))
-        out.append(f"\n2. Large-object sync: {any_store['tensors']} x {any_store['tensor_mb']} MiB"
-                   f" float32 tensors = {any_store['bytes'] / MB:.0f} MB per cell, median of"
-                   f" {len(any_store['repeats'])} (min-max); MB = 2^20 B")
+        out.append(f"\n2. Large-object sync: {any_store['tensors']} float32 tensors per cell"
+                   f" (sizes in the row names), median of {len(any_store['repeats'])} (min-max);"
+                   f" MB = 2^20 B. dir = directory store in /tmp (disk), shm = directory store"
+                   f" in tmpfs, redis = Redis")
         rows = []
         for store, r in L.items():
             reps = r["repeats"]
@@ -745,9 +793,8 @@ def report(res):
                 rs = [x["standby_ready_ms"] for x in xs]
                 fo = [x["standby_follow_ms"] for x in xs]
                 note = ""
-                if key == "new" and store == "dir":
-                    note = ("target >=500 MB/s: " +
-                            ("MET" if mbps(nb, med(es)) >= DIR_STORE_TARGET_MBPS else "MISSED"))
+                if key == "new":
+                    note = "; ".join(large_verdicts(r))
                 rows.append([f"{store}: {label}", rng([x["body_ms"] for x in xs]),
                              rng(es), f(mbps(nb, med(es)), 0), rng(cs), f(mbps(nb, med(cs)), 0),
                              rng(fo), rng(rs), f(mbps(nb, med(rs)), 0), note])
@@ -798,13 +845,8 @@ def report(res):
             p99 = r["commit_ms"].get("p99", float("nan"))
             lines.append(f"  commit p99 <= {COMMIT_P99_TARGET_MS:g} ms, {mode}: {p99:.2f} ms -> "
                          + ("MET" if p99 <= COMMIT_P99_TARGET_MS else "MISSED"))
-    if L and "dir" in L:
-        d = L["dir"]
-        v = mbps(d["bytes"], med([x["new"]["exec_sync_ms"] for x in d["repeats"]]))
-        b = mbps(d["bytes"], med([x["baselines"]["tofile_ms"] for x in d["repeats"]]))
-        lines.append(f"  >= {DIR_STORE_TARGET_MBPS:g} MB/s to the directory store (executor):"
-                     f" {v:.0f} MB/s (numpy .tofile() baseline {b:.0f} MB/s) -> "
-                     + ("MET" if v >= DIR_STORE_TARGET_MBPS else "MISSED"))
+    for name, r in (L or {}).items():
+        lines.extend(f"  {name}: {v}" for v in large_verdicts(r, long=True))
     if lines:
         out.append("\nTargets:")
         out.extend(lines)
@@ -821,14 +863,17 @@ def parse_args(argv):
     p.add_argument("--nbos", default=str(ROOT / "build" / "bin" / "nbos"),
                    help="nbos binary (default build/bin/nbos)")
     p.add_argument("--quick", action="store_true",
-                   help="short run: 30 cells per series, 3 warm-up, 64 MB x 1 repeat"
+                   help="short run: 30 cells per series, 3 warm-up, 64 MB cells x 1 repeat"
                         " (explicit flags win)")
     p.add_argument("--iterations", type=int, help="measured cells per series (default 200)")
     p.add_argument("--warmup", type=int, help="warm-up cells per series (default 10)")
-    p.add_argument("--large-mb", type=int, help="MB per large cell (default 256)")
+    p.add_argument("--large-mb", help="MB per large cell, a comma-separated list (default"
+                   " 64,256; --quick: 64)")
     p.add_argument("--large-tensors", type=int, default=8, help="tensors per large cell (8)")
     p.add_argument("--repeats", type=int, help="large-cell repeats per store (default 3)")
-    p.add_argument("--stores", default="dir,redis", help="blob stores: dir,redis")
+    p.add_argument("--stores", default="dir,shm,redis",
+                   help="blob stores: dir (in /tmp), shm (a directory in --shm-dir), redis")
+    p.add_argument("--shm-dir", default="/dev/shm", help="RAM-backed directory for `shm`")
     p.add_argument("--phases", default="small,large,overhead",
                    help="comma-separated subset of small,large,overhead")
     p.add_argument("--redis-server", default="/usr/bin/redis-server")
@@ -844,17 +889,21 @@ def parse_args(argv):
     q = a.quick
     a.iterations = a.iterations if a.iterations is not None else (30 if q else 200)
     a.warmup = a.warmup if a.warmup is not None else (3 if q else 10)
-    a.large_mb = a.large_mb if a.large_mb is not None else (64 if q else 256)
+    a.large_mb = a.large_mb if a.large_mb is not None else ("64" if q else "64,256")
+    try:
+        a.large_mb = [int(x) for x in a.large_mb.split(",") if x.strip()]
+    except ValueError:
+        p.error("--large-mb: a comma-separated list of whole MB")
     a.repeats = a.repeats if a.repeats is not None else (1 if q else 3)
     a.stores = [s.strip() for s in a.stores.split(",") if s.strip()]
     a.phases = [s.strip() for s in a.phases.split(",") if s.strip()]
-    if any(s not in ("dir", "redis") for s in a.stores):
-        p.error("--stores: choose from dir, redis")
+    if any(s not in ("dir", "shm", "redis") for s in a.stores):
+        p.error("--stores: choose from dir, shm, redis")
     if any(s not in ("small", "large", "overhead") for s in a.phases):
         p.error("--phases: choose from small, large, overhead")
     if a.iterations < 1 or a.warmup < 0 or a.repeats < 1 or a.large_tensors < 1:
         p.error("iterations, repeats and large-tensors must be >= 1, warmup >= 0")
-    if a.large_mb % a.large_tensors or a.large_mb < a.large_tensors:
+    if not a.large_mb or any(mb % a.large_tensors or mb < a.large_tensors for mb in a.large_mb):
         p.error("--large-mb must be a positive multiple of --large-tensors")
     return a
 
@@ -923,31 +972,44 @@ def run(args, workdir):
         if "large" in args.phases:
             import torch
 
-            log(f"2. large-object sync ({args.large_mb} MB per cell)")
-            per = args.large_mb // args.large_tensors
-            bench_tensors = [torch.randn(per * 256, 1024) for _ in range(args.large_tensors)]
+            log(f"2. large-object sync ({', '.join(map(str, args.large_mb))} MB per cell)")
+            tensors_by_mb = {mb: [torch.randn(mb // args.large_tensors * 256, 1024)
+                                  for _ in range(args.large_tensors)] for mb in args.large_mb}
             res["large_object"] = {}
             for store in args.stores:
-                if store == "dir":
-                    res["large_object"]["dir"] = phase_large(group, "dir", args, group.dir,
-                                                             None, bench_tensors)
+                if group is not None and store != "dir":
                     group.close()
                     group = None
+                redis = None
+                scratch = None
+                if store == "dir":
+                    if group is None:
+                        group = BenchGroup(keep=args.keep)
+                        cleanup.append(group.close)
+                    scratch = group.dir
+                elif store == "shm":
+                    shm = tempfile.mkdtemp(prefix="nbos-replbench-shm-", dir=args.shm_dir)
+                    cleanup.append(lambda d=shm: shutil.rmtree(d, ignore_errors=True))
+                    scratch = os.path.join(shm, "scratch")
+                    os.mkdir(scratch)
+                    group = BenchGroup(store_url=f"dir://{shm}/blobs", keep=args.keep)
+                    cleanup.append(group.close)
                 else:
-                    if group is not None:
-                        group.close()
-                        group = None
                     redis = RedisServer(args.redis_server, workdir)
                     cleanup.append(redis.close)
                     redis.start()
                     log(f"redis-server on port {redis.port}")
                     group = BenchGroup(store_url=redis.url, keep=args.keep)
                     cleanup.append(group.close)
-                    res["large_object"]["redis"] = phase_large(group, "redis", args, group.dir,
-                                                               redis, bench_tensors)
-                    group.close()
+                    scratch = group.dir
+                log(f"  {store}: blob store {group.store_url}")
+                res["large_object"].update(phase_large(group, store, args, scratch, redis,
+                                                       tensors_by_mb))
+                group.close()
+                group = None
+                if redis is not None:
                     redis.close()
-            del bench_tensors
+            del tensors_by_mb
         return res
     finally:
         for fn in reversed(cleanup):

@@ -32,7 +32,7 @@ py::module_ LoadModule(const char* name, const char* source) {
 }
 
 struct OwnedBlob {
-  std::string bytes;
+  std::unique_ptr<store::BlobBuffer> buffer;
 };
 
 }  // namespace
@@ -42,10 +42,10 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
   // tensors rebuilt from a blob use its memory instead of copies (each get is a fresh buffer).
   py::class_<OwnedBlob>(m, "Blob", py::buffer_protocol())
       .def_buffer([](OwnedBlob& b) {
-        return py::buffer_info(b.bytes.data(), 1, py::format_descriptor<uint8_t>::format(),
-                               static_cast<py::ssize_t>(b.bytes.size()));
+        return py::buffer_info(b.buffer->data(), 1, py::format_descriptor<uint8_t>::format(),
+                               static_cast<py::ssize_t>(b.buffer->size()));
       })
-      .def("__len__", [](const OwnedBlob& b) { return b.bytes.size(); });
+      .def("__len__", [](const OwnedBlob& b) { return b.buffer->size(); });
 
   // The blob store, as nbos_state expects it: put(bytes) -> key, get(key) -> Blob, contains.
   // Store I/O runs without the GIL; failures raise RuntimeError with the store's message.
@@ -64,9 +64,9 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
            })
       .def("get",
            [](store::BlobStore& s, const std::string& key) {
-             Result<std::string> blob = [&] {
+             Result<std::unique_ptr<store::BlobBuffer>> blob = [&] {
                py::gil_scoped_release nogil;
-               return s.Get(key);
+               return s.GetBuffer(key);
              }();
              if (!blob.ok()) throw std::runtime_error(blob.status().ToString());
              return OwnedBlob{std::move(*blob)};

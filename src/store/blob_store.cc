@@ -2,8 +2,14 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <array>
 #include <charconv>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +28,42 @@ const EVP_MD* Sha256() {
   static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   NBOS_CHECK(md != nullptr, "OpenSSL has no SHA256");
   return md;
+}
+
+const EVP_MD* Sha512_256() {
+  static const EVP_MD* md = EVP_MD_fetch(nullptr, "SHA512-256", nullptr);
+  NBOS_CHECK(md != nullptr, "OpenSSL has no SHA512-256");
+  return md;
+}
+
+using Digest = std::array<unsigned char, 32>;
+
+Digest ChunkDigest(std::string_view chunk) {
+  Digest d;
+  unsigned int len = 0;
+  const int ok = EVP_Digest(chunk.data(), chunk.size(), d.data(), &len, Sha256(), nullptr);
+  // A wrong key would file the blob under another content's name.
+  NBOS_CHECK(ok == 1 && len == d.size(), "SHA-256 digest failed");
+  return d;
+}
+
+// The key of `size` bytes whose chunks hash to `digests` (see blob_store.h).
+std::string KeyFromDigests(uint64_t size, const std::vector<Digest>& digests) {
+  if (size <= kBlobChunkBytes) {
+    const Digest d = digests.empty() ? ChunkDigest("") : digests[0];
+    return HexEncode(d.data(), d.size());
+  }
+  NBOS_CHECK(digests.size() == (size + kBlobChunkBytes - 1) / kBlobChunkBytes,
+             "one digest per chunk");
+  static constexpr char kTreeTag[] = "nbos-blob-tree-1";
+  std::string root(kTreeTag, sizeof(kTreeTag) - 1);
+  for (int i = 0; i < 8; ++i) root += static_cast<char>((size >> (8 * i)) & 0xff);
+  for (const Digest& d : digests) root.append(reinterpret_cast<const char*>(d.data()), d.size());
+  Digest out;
+  unsigned int len = 0;
+  const int ok = EVP_Digest(root.data(), root.size(), out.data(), &len, Sha512_256(), nullptr);
+  NBOS_CHECK(ok == 1 && len == out.size(), "SHA-512/256 digest failed");
+  return HexEncode(out.data(), out.size());
 }
 
 // Shortened and escaped so a hostile key cannot flood or garble a log line.
@@ -177,13 +219,16 @@ Result<std::unique_ptr<BlobStore>> OpenS3(std::string_view rest, std::string_vie
 
 }  // namespace
 
+std::string Sha256Hex(std::string_view data) {
+  const Digest d = ChunkDigest(data);
+  return HexEncode(d.data(), d.size());
+}
+
 std::string BlobKey(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  const int ok = EVP_Digest(data.data(), data.size(), digest, &len, Sha256(), nullptr);
-  // A wrong key would file the blob under another content's name.
-  NBOS_CHECK(ok == 1 && len == kBlobKeyLength / 2, "SHA-256 digest failed");
-  return HexEncode(digest, len);
+  if (data.size() <= kBlobChunkBytes) return Sha256Hex(data);
+  ConcurrentBlobHasher hasher(data.data(), ConcurrentBlobHasher::HelpersFor(data.size()));
+  hasher.Advance(data.size());
+  return hasher.Finish();
 }
 
 bool IsValidBlobKey(std::string_view key) {
@@ -197,30 +242,136 @@ bool IsValidBlobKey(std::string_view key) {
 Status CheckBlobKey(std::string_view key) {
   if (IsValidBlobKey(key)) return Status::Ok();
   return InvalidArgument("invalid blob key '" + Printable(key) +
-                         "': expected 64 lowercase hex characters (SHA-256)");
+                         "': expected 64 lowercase hex characters");
 }
 
+// The chunk being filled is hashed as it grows; each full chunk's digest is kept for the root.
 struct BlobHasher::Ctx {
   EVP_MD_CTX* md = EVP_MD_CTX_new();
+  size_t in_chunk = 0;  // bytes of the current chunk hashed so far
+  std::vector<Digest> digests;
+  uint64_t size = 0;
   ~Ctx() { EVP_MD_CTX_free(md); }
+  void Start() {
+    NBOS_CHECK(md != nullptr && EVP_DigestInit_ex(md, Sha256(), nullptr) == 1,
+               "cannot start a SHA-256 digest");
+    in_chunk = 0;
+  }
+  void EndChunk() {
+    Digest& d = digests.emplace_back();
+    unsigned int len = 0;
+    NBOS_CHECK(EVP_DigestFinal_ex(md, d.data(), &len) == 1 && len == d.size(),
+               "SHA-256 digest failed");
+  }
 };
 
-BlobHasher::BlobHasher() : ctx_(std::make_unique<Ctx>()) {
-  const bool ok = ctx_->md != nullptr && EVP_DigestInit_ex(ctx_->md, Sha256(), nullptr) == 1;
-  NBOS_CHECK(ok, "cannot start a SHA-256 digest");
-}
+BlobHasher::BlobHasher() : ctx_(std::make_unique<Ctx>()) { ctx_->Start(); }
 
 BlobHasher::~BlobHasher() = default;
 
 void BlobHasher::Update(std::string_view data) {
-  EVP_DigestUpdate(ctx_->md, data.data(), data.size());
+  ctx_->size += data.size();
+  while (!data.empty()) {
+    if (ctx_->in_chunk == kBlobChunkBytes) {
+      ctx_->EndChunk();
+      ctx_->Start();
+    }
+    const size_t n = std::min(data.size(), kBlobChunkBytes - ctx_->in_chunk);
+    EVP_DigestUpdate(ctx_->md, data.data(), n);
+    ctx_->in_chunk += n;
+    data.remove_prefix(n);
+  }
 }
 
 std::string BlobHasher::HexDigest() {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx_->md, digest, &len);
-  return HexEncode(digest, len);
+  ctx_->EndChunk();
+  return KeyFromDigests(ctx_->size, ctx_->digests);
+}
+
+// Helpers claim chunks in order under the lock and hash them outside it. A chunk is claimed once
+// it is full, or once Finish was called (the last, short one).
+struct ConcurrentBlobHasher::State {
+  explicit State(const char* b) : base(b) {}
+  const char* const base;
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t filled = 0;           // guarded by mu
+  size_t claimed = 0;          // guarded by mu: bytes handed to a hashing thread
+  bool finished = false;       // guarded by mu
+  bool abandoned = false;      // guarded by mu
+  std::deque<Digest> digests;  // guarded by mu (an element is written by its claimer alone)
+  std::vector<std::thread> helpers;
+
+  bool Ready() const {
+    return filled - claimed >= kBlobChunkBytes || (finished && filled > claimed);
+  }
+  void Work() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return abandoned || Ready() || finished; });
+      if (abandoned || !Ready()) return;
+      const size_t begin = claimed;
+      const size_t len = std::min(kBlobChunkBytes, filled - begin);
+      claimed += len;
+      Digest& slot = digests.emplace_back();  // deque: earlier slots stay where they are
+      lock.unlock();
+      slot = ChunkDigest(std::string_view(base + begin, len));
+      lock.lock();
+    }
+  }
+};
+
+ConcurrentBlobHasher::ConcurrentBlobHasher(const char* base, int helpers)
+    : state_(std::make_unique<State>(base)) {
+  for (int i = 0; i < helpers; ++i) state_->helpers.emplace_back([s = state_.get()] { s->Work(); });
+}
+
+ConcurrentBlobHasher::~ConcurrentBlobHasher() {
+  {
+    std::lock_guard lock(state_->mu);
+    state_->abandoned = !state_->finished;
+  }
+  state_->cv.notify_all();
+  for (std::thread& t : state_->helpers) {
+    if (t.joinable()) t.join();
+  }
+}
+
+void ConcurrentBlobHasher::Advance(size_t filled_bytes) {
+  {
+    std::lock_guard lock(state_->mu);
+    NBOS_CHECK(filled_bytes >= state_->filled && !state_->finished, "Advance only moves forward");
+    state_->filled = filled_bytes;
+  }
+  state_->cv.notify_all();
+}
+
+std::string ConcurrentBlobHasher::Finish() {
+  {
+    std::lock_guard lock(state_->mu);
+    NBOS_CHECK(!state_->finished, "Finish is called once");
+    state_->finished = true;
+  }
+  state_->cv.notify_all();
+  state_->Work();  // the owner hashes too
+  for (std::thread& t : state_->helpers) t.join();
+  state_->helpers.clear();
+  std::vector<Digest> digests(state_->digests.begin(), state_->digests.end());
+  return KeyFromDigests(state_->filled, digests);
+}
+
+int ConcurrentBlobHasher::HelpersFor(size_t size_bytes) {
+  if (size_bytes <= 2 * kBlobChunkBytes) return 0;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  const size_t chunks = (size_bytes + kBlobChunkBytes - 1) / kBlobChunkBytes;
+  return static_cast<int>(
+      std::min<size_t>({chunks - 1, static_cast<size_t>(std::max(hardware - 1, 1)), 3}));
+}
+
+Result<std::unique_ptr<BlobBuffer>> BlobStore::GetBuffer(std::string_view key) {
+  Result<std::string> bytes = Get(key);
+  if (!bytes.ok()) return bytes.status();
+  return std::unique_ptr<BlobBuffer>(std::make_unique<StringBlobBuffer>(std::move(*bytes)));
 }
 
 Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {

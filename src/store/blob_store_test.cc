@@ -44,6 +44,66 @@ TEST(BlobStoreKeyTest, HasherMatchesOneShot) {
   EXPECT_EQ(hasher.HexDigest(), BlobKey(data));
 }
 
+// Byte i is (131 i + 7) mod 256: the same data as the reference computation in the comment below.
+std::string Pattern(size_t n) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((i * 131 + 7) & 0xff);
+  return out;
+}
+
+// Keys from an independent implementation of the definition in blob_store.h (Python):
+//   sha256(d) if len(d) <= 2**20 else sha512_256(b"nbos-blob-tree-1" + pack("<Q", len(d)) +
+//   b"".join(sha256(d[i:i + 2**20]).digest() for i in range(0, len(d), 2**20)))
+TEST(BlobStoreKeyTest, LargeBlobsAreKeyedByAHashTree) {
+  EXPECT_EQ(BlobKey(Pattern(kBlobChunkBytes)),
+            "b7f7ba5ce5463b3c84a283f779d7a652cbf99122de5923ba51627607ff1497d5");
+  EXPECT_EQ(BlobKey(Pattern(kBlobChunkBytes)), Sha256Hex(Pattern(kBlobChunkBytes)));
+  EXPECT_EQ(BlobKey(Pattern(2 * kBlobChunkBytes)),
+            "2c6af60ef89f74b7dd23f25b015f9c828cd9b8a3a9073184606d8f2f3cb2304a");
+  EXPECT_EQ(BlobKey(Pattern(3 * kBlobChunkBytes + 5)),
+            "4b84efbf1b9e7fbb54babdeb8d861929dbf11327d3b84a642c4a65578ac8b95b");
+}
+
+TEST(BlobStoreKeyTest, AChangeInAnyChunkChangesTheKey) {
+  std::string data = RandomBytes(5 * kBlobChunkBytes + 17, 3);
+  const std::string key = BlobKey(data);
+  for (size_t at : {size_t{0}, kBlobChunkBytes - 1, 3 * kBlobChunkBytes, data.size() - 1}) {
+    std::string changed = data;
+    changed[at] = static_cast<char>(changed[at] ^ 1);
+    EXPECT_NE(BlobKey(changed), key) << at;
+  }
+  EXPECT_NE(BlobKey(std::string_view(data).substr(0, data.size() - 1)), key);
+}
+
+TEST(BlobStoreKeyTest, HasherMatchesOneShotAcrossChunks) {
+  for (size_t size : {size_t{0}, kBlobChunkBytes, kBlobChunkBytes + 1, 3 * kBlobChunkBytes,
+                      3 * kBlobChunkBytes + 12'345}) {
+    std::string data = RandomBytes(size, 11);
+    BlobHasher hasher;
+    for (size_t at = 0; at < size; at += 700'001) {
+      hasher.Update(std::string_view(data).substr(at, 700'001));
+    }
+    EXPECT_EQ(hasher.HexDigest(), BlobKey(data)) << size;
+  }
+}
+
+TEST(BlobStoreKeyTest, ConcurrentHasherMatchesOneShot) {
+  std::string data = RandomBytes(7 * kBlobChunkBytes + 999, 5);
+  for (int helpers : {0, 1, 3}) {
+    ConcurrentBlobHasher hasher(data.data(), helpers);
+    for (size_t filled = 0; filled < data.size(); filled += 1'234'567) hasher.Advance(filled);
+    hasher.Advance(data.size());
+    EXPECT_EQ(hasher.Finish(), BlobKey(data)) << helpers;
+  }
+  ConcurrentBlobHasher prefix(data.data(), 2);  // Finish hashes what was advanced, no more
+  prefix.Advance(2 * kBlobChunkBytes + 3);
+  EXPECT_EQ(prefix.Finish(), BlobKey(std::string_view(data).substr(0, 2 * kBlobChunkBytes + 3)));
+  ConcurrentBlobHasher empty(data.data(), 1);
+  EXPECT_EQ(empty.Finish(), kEmptyKey);
+  ConcurrentBlobHasher abandoned(data.data(), 2);  // destroyed without Finish: helpers stop
+  abandoned.Advance(data.size());
+}
+
 std::vector<std::string> BadKeys() {
   std::string valid = kAbcKey;
   std::string upper = valid;
@@ -339,7 +399,29 @@ TYPED_TEST(BlobStoreContractTest, CorruptBlobIsDetected) {
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), StatusCode::kInternal);
     EXPECT_THAT(got.status().message(), HasSubstr("corrupt blob " + *key));
+    auto buffer = this->store_->GetBuffer(*key);
+    ASSERT_FALSE(buffer.ok());
+    EXPECT_EQ(buffer.status().code(), StatusCode::kInternal);
+    EXPECT_THAT(buffer.status().message(), HasSubstr("corrupt blob " + *key));
   }
+}
+
+// Each GetBuffer is the caller's own: writing to it changes neither the store nor other buffers.
+TYPED_TEST(BlobStoreContractTest, GetBufferIsAPrivateCopy) {
+  for (const std::string& data : {std::string("small blob"), RandomBytes(TypeParam::kLargeBytes)}) {
+    auto key = this->store_->Put(data);
+    ASSERT_TRUE(key.ok()) << key.status().ToString();
+    auto a = this->store_->GetBuffer(*key);
+    auto b = this->store_->GetBuffer(*key);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+    ASSERT_EQ((*a)->size(), data.size());
+    ASSERT_TRUE(std::string_view((*a)->data(), (*a)->size()) == data);
+    for (size_t i = 0; i < data.size(); i += 4096) (*a)->data()[i] ^= 1;
+    EXPECT_TRUE(std::string_view((*b)->data(), (*b)->size()) == data);
+    EXPECT_TRUE(*this->store_->Get(*key) == data);
+  }
+  EXPECT_EQ(this->store_->GetBuffer(BlobKey("never stored")).status().code(),
+            StatusCode::kNotFound);
 }
 
 TYPED_TEST(BlobStoreContractTest, DeleteRemovesTheBlob) {

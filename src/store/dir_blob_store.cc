@@ -1,17 +1,14 @@
 #include "store/dir_blob_store.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
-#include <mutex>
-#include <optional>
 #include <system_error>
-#include <thread>
 
 #include "common/check.h"
 #include "store/resident_buffer.h"
@@ -22,65 +19,8 @@ namespace {
 
 // Largest single write(): Linux moves at most ~2 GiB per call anyway.
 constexpr size_t kMaxIo = size_t{1} << 30;
-// Get reads in segments of this size; blobs of at least kOverlapBytes are hashed on a second
-// thread while later segments are still being read.
-constexpr size_t kSegmentBytes = size_t{16} << 20;
-constexpr size_t kOverlapBytes = 2 * kSegmentBytes;
-
-// SHA-256 of a buffer that is still being filled, on its own thread. The owner fills the buffer
-// front to back and calls Advance(n) once the first n bytes are final; Finish() returns the key of
-// everything advanced. Destruction without Finish (an error path) stops the thread.
-class BackgroundHasher {
- public:
-  explicit BackgroundHasher(const char* base) : base_(base), thread_([this] { Run(); }) {}
-  ~BackgroundHasher() { Finish(); }
-  BackgroundHasher(const BackgroundHasher&) = delete;
-  BackgroundHasher& operator=(const BackgroundHasher&) = delete;
-
-  void Advance(size_t filled) {
-    {
-      std::lock_guard lock(mu_);
-      filled_ = filled;
-    }
-    cv_.notify_one();
-  }
-
-  std::string Finish() {
-    {
-      std::lock_guard lock(mu_);
-      finished_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-    return digest_;
-  }
-
- private:
-  void Run() {
-    BlobHasher hasher;
-    size_t hashed = 0;
-    for (;;) {
-      size_t filled = 0;
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return filled_ > hashed || finished_; });
-        filled = filled_;
-      }
-      if (filled == hashed) break;  // finished, and all of it hashed
-      hasher.Update(std::string_view(base_ + hashed, filled - hashed));
-      hashed = filled;
-    }
-    digest_ = hasher.HexDigest();
-  }
-
-  const char* const base_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t filled_ = 0;      // guarded by mu_
-  bool finished_ = false;  // guarded by mu_
-  std::string digest_;     // written by the thread before it ends
-  std::thread thread_;     // last: starts once the members above exist
-};
+// Get reads in segments of this size, each hashed (on helper threads) while later ones are read.
+constexpr size_t kSegmentBytes = size_t{4} << 20;
 
 Status IoError(std::string_view what, const std::filesystem::path& path, int err) {
   std::string message = std::string(what) + " " + path.string() + ": " +
@@ -140,6 +80,85 @@ Status SyncDirectory(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+// A new temporary file in `dir`. A dot name: listings of blobs (and a future garbage collector)
+// skip unfinished files.
+Result<std::unique_ptr<TempFile>> CreateTempFile(const std::filesystem::path& dir,
+                                                 std::string_view stem) {
+  for (int attempt = 0;; ++attempt) {
+    std::string path = (dir / ("." + std::string(stem) + ".tmp." + RandomSuffix())).string();
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) return std::make_unique<TempFile>(fd, std::move(path));
+    if (errno != EEXIST || attempt == 3)
+      return IoError("cannot create temporary file in", dir, errno);
+  }
+}
+
+// Straight from the caller's buffer: no copy in user space.
+Status WriteAll(TempFile& temp, std::string_view data) {
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(temp.fd(), p, std::min(left, kMaxIo));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError("cannot write", temp.path(), errno);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// Syncs (with `fsync`) and closes the temporary file, then renames it to root/key[0:2]/key.
+Status Publish(TempFile& temp, const std::filesystem::path& root, std::string_view key,
+               bool fsync) {
+  if (fsync && ::fsync(temp.fd()) != 0) return IoError("cannot fsync", temp.path(), errno);
+  if (temp.Close() != 0) return IoError("cannot write", temp.path(), errno);
+
+  std::filesystem::path dir = root / key.substr(0, 2);
+  bool created_dir = ::mkdir(dir.c_str(), 0755) == 0;
+  if (!created_dir && errno != EEXIST) return IoError("cannot create", dir, errno);
+  std::filesystem::path final_path = dir / key;
+  const bool temp_in_root = std::filesystem::path(temp.path()).parent_path() == root;
+  if (::rename(temp.path().c_str(), final_path.c_str()) != 0) {
+    return IoError("cannot rename into", final_path, errno);
+  }
+  temp.Release();
+  if (fsync) {
+    if (Status s = SyncDirectory(dir); !s.ok()) return s;
+    // A new subdirectory, or a temporary file that left the root: the root changed too.
+    if (created_dir || temp_in_root) return SyncDirectory(root);
+  }
+  return Status::Ok();
+}
+
+// A private mapping of a whole blob file: the holder's writes copy the pages they touch.
+class MappedBlobBuffer final : public BlobBuffer {
+ public:
+  MappedBlobBuffer(char* base, size_t size) : base_(base), size_(size) {}
+  ~MappedBlobBuffer() override { ::munmap(base_, size_); }
+  MappedBlobBuffer(const MappedBlobBuffer&) = delete;
+  MappedBlobBuffer& operator=(const MappedBlobBuffer&) = delete;
+  char* data() override { return base_; }
+  size_t size() const override { return size_; }
+
+ private:
+  char* const base_;
+  const size_t size_;
+};
+
+// Maps `size` bytes of `fd` copy-on-write, populated with the file's pages. Read-only first:
+// populating a writable private mapping would copy every page (breaking copy-on-write up front);
+// write permission is added once the file's own pages are in place.
+Result<std::unique_ptr<MappedBlobBuffer>> MapPrivate(int fd, size_t size,
+                                                     const std::filesystem::path& path) {
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) return IoError("cannot map", path, errno);
+  auto buffer = std::make_unique<MappedBlobBuffer>(static_cast<char*>(p), size);
+  if (::mprotect(p, size, PROT_READ | PROT_WRITE) != 0) return IoError("cannot map", path, errno);
+  return buffer;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DirBlobStore>> DirBlobStore::Open(const std::filesystem::path& root,
@@ -173,9 +192,34 @@ std::string DirBlobStore::Describe() const {
 }
 
 Result<std::string> DirBlobStore::Put(std::string_view data) {
-  std::string key = BlobKey(data);
-  Status s = PutVerified(key, data);
-  if (!s.ok()) return s;
+  const int helpers = ConcurrentBlobHasher::HelpersFor(data.size());
+  if (helpers == 0) {
+    std::string key = BlobKey(data);
+    Status s = PutVerified(key, data);
+    if (!s.ok()) return s;
+    return key;
+  }
+  return PutWhileHashing(data, helpers);
+}
+
+// Large blobs: the key is computed on helper threads while this thread writes the bytes to a
+// temporary file, so the put takes about max(hash, write) instead of their sum. The price: a put
+// of content already stored writes it once more (then drops it) instead of only hashing. Callers
+// put large buffers when their content changed, so that is rare.
+Result<std::string> DirBlobStore::PutWhileHashing(std::string_view data, int helpers) {
+  ConcurrentBlobHasher hasher(data.data(), helpers);
+  hasher.Advance(data.size());
+  auto temp = CreateTempFile(root_, "put");
+  if (!temp.ok()) return temp.status();
+  Status written = WriteAll(**temp, data);
+  std::string key = hasher.Finish();
+  if (!written.ok()) return written;
+  struct stat st;
+  if (::stat(PathFor(key).c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<size_t>(st.st_size) == data.size()) {
+    return key;  // already stored; the temporary file goes with `temp`
+  }
+  if (Status s = Publish(**temp, root_, key, options_.fsync); !s.ok()) return s;
   return key;
 }
 
@@ -200,47 +244,14 @@ Status DirBlobStore::PutVerified(std::string_view key, std::string_view data) {
 }
 
 Status DirBlobStore::WriteAtomically(std::string_view key, std::string_view data) {
+  // In the blob's own subdirectory, so the rename never crosses directories.
   std::filesystem::path dir = root_ / key.substr(0, 2);
-  bool created_dir = ::mkdir(dir.c_str(), 0755) == 0;
-  if (!created_dir && errno != EEXIST) return IoError("cannot create", dir, errno);
-
-  // A dot name: listings of blobs (and a future garbage collector) skip unfinished files.
-  int fd = -1;
-  std::string temp_path;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    temp_path = (dir / ("." + std::string(key) + ".tmp." + RandomSuffix())).string();
-    fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && (errno != EEXIST || attempt == 3)) {
-      return IoError("cannot create temporary file in", dir, errno);
-    }
-  }
-  TempFile temp(fd, temp_path);
-
-  // Straight from the caller's buffer: no copy in user space.
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = ::write(temp.fd(), p, std::min(left, kMaxIo));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IoError("cannot write", temp.path(), errno);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (options_.fsync && ::fsync(temp.fd()) != 0) return IoError("cannot fsync", temp.path(), errno);
-  if (temp.Close() != 0) return IoError("cannot write", temp.path(), errno);
-
-  std::filesystem::path final_path = dir / key;
-  if (::rename(temp.path().c_str(), final_path.c_str()) != 0) {
-    return IoError("cannot rename into", final_path, errno);
-  }
-  temp.Release();
-  if (options_.fsync) {
-    if (Status s = SyncDirectory(dir); !s.ok()) return s;
-    if (created_dir) return SyncDirectory(root_);
-  }
-  return Status::Ok();
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return IoError("cannot create", dir, errno);
+  auto temp = CreateTempFile(dir, key);
+  if (!temp.ok()) return temp.status();
+  if (Status s = WriteAll(**temp, data); !s.ok()) return s;
+  return Publish(**temp, root_, key, options_.fsync);
 }
 
 Result<std::string> DirBlobStore::Get(std::string_view key) {
@@ -262,19 +273,18 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
   const auto size = static_cast<size_t>(st.st_size);
 
   // One allocation of the final size, read into in place, segment by segment: each segment is
-  // made resident, read, and handed to the hasher thread, so hashing (the slowest step at
-  // ~1.5 GB/s) overlaps reading and page population instead of following them.
+  // made resident, read, and handed to the hashing threads, so hashing (the slowest step, ~1.6
+  // GB/s per thread) overlaps reading and page population instead of following them.
   std::string data;
   data.reserve(size);
   const char* const base = data.data();
-  std::optional<BackgroundHasher> hasher;
-  if (size >= kOverlapBytes) hasher.emplace(base);
+  ConcurrentBlobHasher hasher(base, ConcurrentBlobHasher::HelpersFor(size));
   size_t done = 0;
   while (done < size) {
     const size_t segment = std::min(size - done, kSegmentBytes);
     MakeResident(data.data() + done, segment);
-    // Zero-fills the new segment only, and within the capacity, so `base` stays valid. The hasher
-    // reads bytes below `done` and never touches the string object itself.
+    // Zero-fills the new segment only, and within the capacity, so `base` stays valid. The hashing
+    // threads read bytes below `done` and never touch the string object itself.
     data.resize(done + segment);
     NBOS_CHECK(data.data() == base, "the hasher thread reads the buffer in place");
     size_t got = 0;
@@ -288,16 +298,43 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
       got += static_cast<size_t>(n);
     }
     done += got;
-    if (hasher) hasher->Advance(done);
+    hasher.Advance(done);
     if (got < segment) break;
   }
   data.resize(done);
-  std::string actual = hasher ? hasher->Finish() : BlobKey(data);
+  std::string actual = hasher.Finish();
   if (actual != key) {
     return Internal("corrupt blob " + std::string(key) + " in " + Describe() + ": " +
                     std::to_string(data.size()) + " bytes hash to " + actual);
   }
   return data;
+}
+
+Result<std::unique_ptr<BlobBuffer>> DirBlobStore::GetBuffer(std::string_view key) {
+  if (Status s = CheckBlobKey(key); !s.ok()) return s;
+  std::filesystem::path path = PathFor(key);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("blob " + std::string(key) + " not in " + Describe());
+    return IoError("cannot open", path, errno);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return IoError("cannot stat", path, errno);
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size <= kBlobChunkBytes) return BlobStore::GetBuffer(key);  // a copy costs less than a map
+
+  auto mapped = MapPrivate(fd, size, path);
+  if (!mapped.ok()) return mapped.status();
+  const std::string actual = BlobKey(std::string_view((*mapped)->data(), size));
+  if (actual != key) {
+    return Internal("corrupt blob " + std::string(key) + " in " + Describe() + ": " +
+                    std::to_string(size) + " bytes hash to " + actual);
+  }
+  return std::unique_ptr<BlobBuffer>(std::move(*mapped));
 }
 
 Result<bool> DirBlobStore::Contains(std::string_view key) {

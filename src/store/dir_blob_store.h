@@ -6,9 +6,13 @@
 // number of concurrent writers (threads or processes) of the same blob are fine: they write the
 // same bytes and the last rename wins. A writer that crashes leaves only a stray temporary file.
 //
-// Speed: Put hashes, checks for the file, then writes straight from the caller's buffer. Get reads
-// into one buffer of the file's size and, for blobs of 32 MiB and more, hashes on a short-lived
-// helper thread while later parts are still being read.
+// Speed: Put of a blob of up to two key chunks (2 MiB) hashes, checks for the file, then writes
+// straight from the caller's buffer. A larger blob is written to a temporary file in the root while
+// helper threads hash it, then renamed into place (or dropped, when the blob was already there).
+// Get reads into one buffer of the file's size, in segments, and hashes each segment on helper
+// threads while later ones are read. GetBuffer maps large blobs copy-on-write instead of reading
+// them (blob files are never changed in place, only replaced by rename, so a mapping stays valid
+// and unchanged) and hashes the mapping on helper threads.
 //
 // Durability: by default blobs are not fsynced. A blob is a cache of state that the Raft log
 // references by key and that its producer can put again; losing the last seconds of blobs in a
@@ -41,6 +45,9 @@ class DirBlobStore final : public BlobStore {
   Result<std::string> Put(std::string_view data) override;
   Status PutWithKey(std::string_view key, std::string_view data) override;
   Result<std::string> Get(std::string_view key) override;
+  // Blobs over kBlobChunkBytes are mapped (MAP_PRIVATE) instead of read: no copy and no fresh
+  // memory; the page cache's pages are shared until the holder writes to one.
+  Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
   std::string Describe() const override;  // "dir:/root", plus "?fsync=1" when enabled
@@ -55,6 +62,7 @@ class DirBlobStore final : public BlobStore {
   // Stores `data` under the already verified `key` unless a file of the right size is there.
   Status PutVerified(std::string_view key, std::string_view data);
   Status WriteAtomically(std::string_view key, std::string_view data);
+  Result<std::string> PutWhileHashing(std::string_view data, int helpers);
 
   const std::filesystem::path root_;
   const DirBlobStoreOptions options_;

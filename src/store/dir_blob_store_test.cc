@@ -68,6 +68,37 @@ TEST(DirBlobStoreTest, TruncatedBlobIsCorruptAndPutRepairsIt) {
   EXPECT_TRUE(*(*store)->Get(*key) == data);
 }
 
+TEST(DirBlobStoreTest, LargePutsLeaveNoTemporaryFiles) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  std::string data = RandomBytes(9 * kBlobChunkBytes + 1);
+  auto key = (*store)->Put(data);
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  EXPECT_EQ(*key, BlobKey(data));
+  ino_t before = Inode((*store)->PathFor(*key));
+  ASSERT_TRUE((*store)->Put(data).ok());  // written while hashed, then dropped: already there
+  EXPECT_EQ(Inode((*store)->PathFor(*key)), before);
+  const std::string dir = key->substr(0, 2);
+  EXPECT_EQ(Listing(tmp.path()), (std::vector<std::string>{dir, dir + "/" + *key}));
+  EXPECT_TRUE(*(*store)->Get(*key) == data);
+}
+
+TEST(DirBlobStoreTest, MappedBufferOutlivesDeleteAndSeesNoLaterWrite) {
+  ScopedTempDir tmp;
+  auto store = DirBlobStore::Open(tmp.path());
+  std::string data = RandomBytes(3 * kBlobChunkBytes);
+  auto key = (*store)->Put(data);
+  ASSERT_TRUE(key.ok());
+  auto buffer = (*store)->GetBuffer(*key);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  ASSERT_TRUE((*store)->Delete(*key).ok());
+  ASSERT_TRUE((*store)->Put(data).ok());  // a new file under the same name
+  (*buffer)->data()[0] ^= 1;
+  EXPECT_TRUE(*(*store)->Get(*key) == data);
+  (*buffer)->data()[0] ^= 1;
+  EXPECT_TRUE(std::string_view((*buffer)->data(), (*buffer)->size()) == data);
+}
+
 TEST(DirBlobStoreTest, UnfinishedTemporaryFilesAreInvisible) {
   ScopedTempDir tmp;
   auto store = DirBlobStore::Open(tmp.path());

@@ -39,19 +39,19 @@ void PrefetchingBlobStore::Work() {
     if (cache_.count(in_flight_) > 0) continue;
     std::string key = in_flight_;
     lock.unlock();
-    auto blob = backing_->Get(key);
+    auto blob = backing_->GetBuffer(key);
     lock.lock();
     in_flight_.clear();
-    if (blob.ok() && blob->size() <= max_cached_bytes_) {
-      while (cached_bytes_ + blob->size() > max_cached_bytes_ && !cache_order_.empty()) {
+    if (blob.ok() && (*blob)->size() <= max_cached_bytes_) {
+      while (cached_bytes_ + (*blob)->size() > max_cached_bytes_ && !cache_order_.empty()) {
         auto oldest = cache_.find(cache_order_.front());
         if (oldest != cache_.end()) {
-          cached_bytes_ -= oldest->second.size();
+          cached_bytes_ -= oldest->second->size();
           cache_.erase(oldest);
         }
         cache_order_.pop_front();
       }
-      cached_bytes_ += blob->size();
+      cached_bytes_ += (*blob)->size();
       cache_order_.push_back(key);
       cache_.emplace(key, std::move(*blob));
     }
@@ -59,23 +59,31 @@ void PrefetchingBlobStore::Work() {
   }
 }
 
+std::unique_ptr<BlobBuffer> PrefetchingBlobStore::TakeCached(std::string_view key) {
+  std::unique_lock lock(mu_);
+  // Fetching the key right now: wait for it rather than read it a second time.
+  cv_.wait(lock, [&] { return in_flight_ != key || stopping_; });
+  auto it = cache_.find(std::string(key));
+  if (it == cache_.end()) return nullptr;
+  std::unique_ptr<BlobBuffer> blob = std::move(it->second);
+  cached_bytes_ -= blob->size();
+  cache_.erase(it);
+  cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
+  ++hits_;
+  // Prefetched bytes were hashed by the backing store when they were read.
+  return blob;
+}
+
 Result<std::string> PrefetchingBlobStore::Get(std::string_view key) {
-  {
-    std::unique_lock lock(mu_);
-    // Fetching the key right now: wait for it rather than read it a second time.
-    cv_.wait(lock, [&] { return in_flight_ != key || stopping_; });
-    auto it = cache_.find(std::string(key));
-    if (it != cache_.end()) {
-      std::string blob = std::move(it->second);
-      cached_bytes_ -= blob.size();
-      cache_.erase(it);
-      cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
-      ++hits_;
-      // Prefetched bytes were hashed by the backing store's Get when they were read.
-      return blob;
-    }
+  if (std::unique_ptr<BlobBuffer> blob = TakeCached(key)) {
+    return std::string(blob->data(), blob->size());
   }
   return backing_->Get(key);
+}
+
+Result<std::unique_ptr<BlobBuffer>> PrefetchingBlobStore::GetBuffer(std::string_view key) {
+  if (std::unique_ptr<BlobBuffer> blob = TakeCached(key)) return blob;
+  return backing_->GetBuffer(key);
 }
 
 Status PrefetchingBlobStore::Delete(std::string_view key) {
@@ -83,7 +91,7 @@ Status PrefetchingBlobStore::Delete(std::string_view key) {
     std::lock_guard lock(mu_);
     auto it = cache_.find(std::string(key));
     if (it != cache_.end()) {
-      cached_bytes_ -= it->second.size();
+      cached_bytes_ -= it->second->size();
       cache_.erase(it);
       cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
     }

@@ -29,6 +29,8 @@ class PrefetchingBlobStore final : public BlobStore {
   // A prefetched blob is served from memory once and then forgotten: each replica applies a
   // delta once.
   Result<std::string> Get(std::string_view key) override;
+  // As Get; prefetching fetches with the backing store's GetBuffer, so this is the cheap one.
+  Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override;
   Result<std::string> Put(std::string_view data) override { return backing_->Put(data); }
   Status PutWithKey(std::string_view key, std::string_view data) override {
     return backing_->PutWithKey(key, data);
@@ -42,18 +44,20 @@ class PrefetchingBlobStore final : public BlobStore {
 
  private:
   void Work();
+  // The prefetched buffer for `key` (waiting if it is being fetched now), or null.
+  std::unique_ptr<BlobBuffer> TakeCached(std::string_view key);
 
   std::unique_ptr<BlobStore> backing_;
   const size_t max_cached_bytes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_;             // guarded by mu_
-  std::string in_flight_;                     // guarded by mu_: key being fetched now
-  std::map<std::string, std::string> cache_;  // guarded by mu_
-  std::deque<std::string> cache_order_;       // guarded by mu_: oldest first
-  size_t cached_bytes_ = 0;                   // guarded by mu_
-  uint64_t hits_ = 0;                         // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
+  std::deque<std::string> queue_;  // guarded by mu_
+  std::string in_flight_;          // guarded by mu_: key being fetched now
+  std::map<std::string, std::unique_ptr<BlobBuffer>> cache_;  // guarded by mu_
+  std::deque<std::string> cache_order_;                       // guarded by mu_: oldest first
+  size_t cached_bytes_ = 0;                                   // guarded by mu_
+  uint64_t hits_ = 0;                                         // guarded by mu_
+  bool stopping_ = false;                                     // guarded by mu_
   std::thread worker_;
 };
 

@@ -37,6 +37,22 @@ TEST(PrefetchingBlobStoreTest, PrefetchedBlobsAreServedOnceFromMemory) {
   EXPECT_EQ(store->hits(), 2u);
 }
 
+TEST(PrefetchingBlobStoreTest, PrefetchedBuffersAreServedOnce) {
+  ScopedTempDir dir;
+  auto store = Open(dir, 64 << 20);
+  std::string a = RandomBytes(5 << 20, 3);
+  std::string ka = *store->Put(a);
+  store->Prefetch({ka});
+  for (int i = 0; i < 500 && store->cached_bytes() < a.size(); ++i) {
+    std::this_thread::sleep_for(2ms);
+  }
+  auto buffer = store->GetBuffer(ka);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  EXPECT_TRUE(std::string_view((*buffer)->data(), (*buffer)->size()) == a);
+  EXPECT_EQ(store->hits(), 1u);
+  EXPECT_EQ(store->cached_bytes(), 0u);
+}
+
 TEST(PrefetchingBlobStoreTest, CacheIsBoundedOldestFirst) {
   ScopedTempDir dir;
   auto store = Open(dir, 3 << 20);

@@ -466,10 +466,10 @@ Result<std::string> RedisBlobStore::GetLocked(Connection& c, std::string_view ke
     return ResourceExhausted("blob " + std::string(key) + " of " + std::to_string(size) +
                              " bytes does not fit in memory");
   }
-  BlobHasher hasher;
+  // Chunks are hashed on helper threads while later ones arrive.
+  ConcurrentBlobHasher hasher(data.data(), ConcurrentBlobHasher::HelpersFor(size));
   for (size_t i = 0; i < chunks; ++i) {
     const size_t expected = std::min(chunk_bytes, size - i * chunk_bytes);
-    const size_t before = data.size();
     auto len = c.GetBulk(ChunkRedisKey(key, i), data, expected);
     if (!len.ok()) return len.status();
     if (!len->has_value()) {
@@ -483,9 +483,9 @@ Result<std::string> RedisBlobStore::GetLocked(Connection& c, std::string_view ke
       return corrupt("chunk " + std::to_string(i) + " has " + std::to_string(**len) +
                      " bytes, expected " + std::to_string(expected));
     }
-    hasher.Update(std::string_view(data).substr(before));
+    hasher.Advance(data.size());
   }
-  if (std::string actual = hasher.HexDigest(); actual != key) {
+  if (std::string actual = hasher.Finish(); actual != key) {
     return corrupt(std::to_string(data.size()) + " bytes hash to " + actual);
   }
   return data;

@@ -245,15 +245,16 @@ Result<std::string> S3BlobStore::Put(std::string_view data) {
 
 Status S3BlobStore::PutWithKey(std::string_view key, std::string_view data) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
-  if (BlobKey(data) != key) return InvalidArgument("blob key does not match the data's SHA-256");
+  if (BlobKey(data) != key) return InvalidArgument("blob key does not match the data");
   auto exists = Contains(key);
   if (!exists.ok()) return exists.status();
   if (*exists) return Status::Ok();
   const std::string object = ObjectName(key);
   if (data.size() > options_.part_bytes) return Upload(object, data).status();
-  // Signed with the content's own hash (its key): the service checks the bytes it got.
-  auto put =
-      Send({.method = "PUT", .object = object, .body = data, .payload_sha256 = std::string(key)});
+  // Signed with the content's SHA-256 (the key itself for a one-chunk blob): the service checks
+  // the bytes it got.
+  std::string sha256 = data.size() <= kBlobChunkBytes ? std::string(key) : Sha256Hex(data);
+  auto put = Send({.method = "PUT", .object = object, .body = data, .payload_sha256 = sha256});
   return Check(put, "storing blob " + std::string(key));
 }
 
