@@ -284,6 +284,21 @@ def test_forced_targets_keep_namespaces_equal(group):
     assert "prefetching" in group.replicas[1].stderr() + group.replicas[3].stderr()
 
 
+def test_large_tensors_written_in_place_on_a_standby(group):
+    """A 24 MiB tensor travels through the blob store as a hash tree of chunks and becomes, on
+    the standbys, a copy-on-write mapping of the blob file: writing to it there changes that
+    replica's tensor alone, never the stored blob the other replicas read."""
+    check_cell(group.execute("import torch\nt = torch.arange(6 << 20, dtype=torch.float32)\n"
+                             "u = t.clone()", 1), 1)
+    group.assert_converged()
+    check_cell(group.execute("t[0] = -1.0\nt[-1] = 7.0\nfirst = float(t[0])", 2), 2)
+    group.assert_converged()
+    results = group.execute("print(float(t[0]), float(t[-1]), bool((t[1:-1] == u[1:-1]).all()),"
+                            " float(u[-1]))", 3)
+    assert stream_text(check_cell(results, 3)[1]) == f"-1.0 7.0 True {float((6 << 20) - 1)}\n"
+    group.assert_converged()
+
+
 def test_errors_replicate_as_errors(group):
     results = group.execute("y = 1\nraise ValueError('boom')", 2)
     reply, outputs = check_cell(results, 2, expect_status="error")
