@@ -6,11 +6,11 @@
 // <endpoint>/<bucket>/<prefix>K). An object becomes visible only once completely written, so
 // Contains and Get never see a partial blob.
 //
-// Transfers. A blob up to `part_bytes` is one PUT, signed with its own SHA-256 (its key), so
-// the service checks the bytes too; a larger one is a multipart upload of `part_bytes` parts,
-// `parallel` at a time, aborted when any part fails. Get of a large blob reads `part_bytes`
-// ranges, `parallel` at a time, into one buffer. Every read re-hashes the bytes; a mismatch is
-// read once more before it counts as corruption.
+// Transfers. A blob up to `part_bytes` is one PUT, signed with its SHA-256 (its key, for a blob of
+// one key chunk), so the service checks the bytes too; a larger one is a multipart upload of
+// `part_bytes` parts, `parallel` at a time, aborted when any part fails. Get of a large blob reads
+// `part_bytes` ranges, `parallel` at a time, into one buffer. Every read re-hashes the bytes; a
+// mismatch is read once more before it counts as corruption.
 //
 // Connections are kept alive in a pool of libcurl handles shared by all threads.
 //
