@@ -231,6 +231,11 @@ std::string BlobKey(std::string_view data) {
   return hasher.Finish();
 }
 
+bool BlobKeyMatches(std::string_view key, std::string_view data, std::string_view computed_key) {
+  if (computed_key == key) return true;
+  return data.size() > kBlobChunkBytes && Sha256Hex(data) == key;
+}
+
 bool IsValidBlobKey(std::string_view key) {
   if (key.size() != kBlobKeyLength) return false;
   for (char c : key) {

@@ -33,6 +33,12 @@ inline constexpr size_t kBlobChunkBytes = size_t{1} << 20;
 // The key of `data` (see above). Blobs of more than two chunks are hashed on several threads.
 std::string BlobKey(std::string_view data);
 
+// Whether `data` is the blob named `key`, given `computed_key` == BlobKey(data). Also accepts the
+// keys of version 0 (SHA-256 of the whole blob, whatever its size), which stores and journals
+// written before the hash tree hold, so those blobs stay readable; that costs a second hash of a
+// large blob, and only when the tree key does not match.
+bool BlobKeyMatches(std::string_view key, std::string_view data, std::string_view computed_key);
+
 // Lowercase hex SHA-256 of `data` (the key only for blobs of at most kBlobChunkBytes).
 std::string Sha256Hex(std::string_view data);
 

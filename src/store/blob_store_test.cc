@@ -371,6 +371,27 @@ TYPED_TEST(BlobStoreContractTest, PutWithKey) {
   EXPECT_FALSE(*this->store_->Contains(BlobKey("what arrived")));
 }
 
+// Stores and journals from before the hash tree name large blobs by the SHA-256 of all their
+// bytes (key version 0). Those keys still store, read and verify; a damaged one is still caught.
+TYPED_TEST(BlobStoreContractTest, VersionZeroKeysOfLargeBlobsStillRead) {
+  const std::string data = RandomBytes(TypeParam::kLargeBytes, 7);
+  ASSERT_GT(data.size(), kBlobChunkBytes);
+  const std::string old_key = Sha256Hex(data);
+  ASSERT_NE(old_key, BlobKey(data));
+  ASSERT_TRUE(this->store_->PutWithKey(old_key, data).ok());
+  auto got = this->store_->Get(old_key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(*got == data);
+  auto buffer = this->store_->GetBuffer(old_key);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  EXPECT_TRUE(std::string_view((*buffer)->data(), (*buffer)->size()) == data);
+
+  EXPECT_EQ(this->store_->PutWithKey(Sha256Hex("other bytes"), data).code(),
+            StatusCode::kInvalidArgument);
+  this->backend_.Corrupt(old_key);
+  EXPECT_THAT(this->store_->Get(old_key).status().message(), HasSubstr("corrupt blob " + old_key));
+}
+
 TYPED_TEST(BlobStoreContractTest, UnknownKeyIsNotFound) {
   std::string key = BlobKey("never stored");
   auto got = this->store_->Get(key);

@@ -225,7 +225,7 @@ Result<std::string> DirBlobStore::PutWhileHashing(std::string_view data, int hel
 
 Status DirBlobStore::PutWithKey(std::string_view key, std::string_view data) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
-  if (BlobKey(data) != key) {
+  if (!BlobKeyMatches(key, data, BlobKey(data))) {
     return InvalidArgument("blob key " + std::string(key) + " does not match the content (" +
                            std::to_string(data.size()) + " bytes)");
   }
@@ -303,7 +303,7 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
   }
   data.resize(done);
   std::string actual = hasher.Finish();
-  if (actual != key) {
+  if (!BlobKeyMatches(key, data, actual)) {
     return Internal("corrupt blob " + std::string(key) + " in " + Describe() + ": " +
                     std::to_string(data.size()) + " bytes hash to " + actual);
   }
@@ -329,8 +329,9 @@ Result<std::unique_ptr<BlobBuffer>> DirBlobStore::GetBuffer(std::string_view key
 
   auto mapped = MapPrivate(fd, size, path);
   if (!mapped.ok()) return mapped.status();
-  const std::string actual = BlobKey(std::string_view((*mapped)->data(), size));
-  if (actual != key) {
+  const std::string_view bytes((*mapped)->data(), size);
+  const std::string actual = BlobKey(bytes);
+  if (!BlobKeyMatches(key, bytes, actual)) {
     return Internal("corrupt blob " + std::string(key) + " in " + Describe() + ": " +
                     std::to_string(size) + " bytes hash to " + actual);
   }

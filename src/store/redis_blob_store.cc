@@ -382,7 +382,7 @@ Result<std::string> RedisBlobStore::Put(std::string_view data) {
 
 Status RedisBlobStore::PutWithKey(std::string_view key, std::string_view data) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
-  if (BlobKey(data) != key) {
+  if (!BlobKeyMatches(key, data, BlobKey(data))) {
     return InvalidArgument("blob key " + std::string(key) + " does not match the content (" +
                            std::to_string(data.size()) + " bytes)");
   }
@@ -439,7 +439,7 @@ Result<std::string> RedisBlobStore::GetLocked(Connection& c, std::string_view ke
     if (!len.ok()) return len.status();
     if (!len->has_value()) return not_found();  // deleted since TYPE
     if (**len > kMaxChunkBytes) return corrupt("inline value over the 512 MiB limit");
-    if (std::string actual = BlobKey(data); actual != key) {
+    if (std::string actual = BlobKey(data); !BlobKeyMatches(key, data, actual)) {
       return corrupt(std::to_string(data.size()) + " bytes hash to " + actual);
     }
     return data;
@@ -485,7 +485,7 @@ Result<std::string> RedisBlobStore::GetLocked(Connection& c, std::string_view ke
     }
     hasher.Advance(data.size());
   }
-  if (std::string actual = hasher.Finish(); actual != key) {
+  if (std::string actual = hasher.Finish(); !BlobKeyMatches(key, data, actual)) {
     return corrupt(std::to_string(data.size()) + " bytes hash to " + actual);
   }
   return data;

@@ -245,7 +245,8 @@ Result<std::string> S3BlobStore::Put(std::string_view data) {
 
 Status S3BlobStore::PutWithKey(std::string_view key, std::string_view data) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
-  if (BlobKey(data) != key) return InvalidArgument("blob key does not match the data");
+  if (!BlobKeyMatches(key, data, BlobKey(data)))
+    return InvalidArgument("blob key does not match the data");
   auto exists = Contains(key);
   if (!exists.ok()) return exists.status();
   if (*exists) return Status::Ok();
@@ -345,7 +346,7 @@ Result<std::string> S3BlobStore::ReadOnce(std::string_view key) {
                ? NotFound("no blob " + std::string(key) + " in " + Describe())
                : s;
   }
-  if (BlobKey(data) != key)
+  if (!BlobKeyMatches(key, data, BlobKey(data)))
     return Internal("corrupt blob " + std::string(key) + " in " + Describe() +
                     ": its bytes no longer hash to its key");
   return data;
