@@ -34,10 +34,12 @@ void PrefetchingBlobStore::Work() {
   for (;;) {
     cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    in_flight_ = std::move(queue_.front());
+    std::string key = std::move(queue_.front());
     queue_.pop_front();
-    if (cache_.count(in_flight_) > 0) continue;
-    std::string key = in_flight_;
+    // A delta may name one blob twice (two tensors of equal bytes): it is fetched once. Marking
+    // it in flight only when it is fetched keeps a Get from waiting for a fetch that never ends.
+    if (cache_.count(key) > 0) continue;
+    in_flight_ = key;
     lock.unlock();
     auto blob = backing_->GetBuffer(key);
     lock.lock();
@@ -102,6 +104,11 @@ Status PrefetchingBlobStore::Delete(std::string_view key) {
 uint64_t PrefetchingBlobStore::hits() const {
   std::lock_guard lock(mu_);
   return hits_;
+}
+
+size_t PrefetchingBlobStore::pending() const {
+  std::lock_guard lock(mu_);
+  return queue_.size() + (in_flight_.empty() ? 0 : 1);
 }
 
 size_t PrefetchingBlobStore::cached_bytes() const {

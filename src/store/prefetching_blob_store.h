@@ -40,6 +40,8 @@ class PrefetchingBlobStore final : public BlobStore {
   std::string Describe() const override { return backing_->Describe(); }
 
   uint64_t hits() const;
+  // Keys queued or being fetched now.
+  size_t pending() const;
   size_t cached_bytes() const;
 
  private:
