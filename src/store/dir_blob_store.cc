@@ -159,6 +159,30 @@ Result<std::unique_ptr<MappedBlobBuffer>> MapPrivate(int fd, size_t size,
   return buffer;
 }
 
+// A stored blob's file, open for reading, with its size; closed with the object.
+struct BlobFile {
+  int fd = -1;
+  size_t size = 0;
+  ~BlobFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// NotFound (naming `key` and the store `where`) when no blob file is at `path`.
+Result<std::unique_ptr<BlobFile>> OpenBlobFile(const std::filesystem::path& path,
+                                               std::string_view key, const std::string& where) {
+  auto file = std::make_unique<BlobFile>();
+  file->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file->fd < 0) {
+    if (errno == ENOENT) return NotFound("blob " + std::string(key) + " not in " + where);
+    return IoError("cannot open", path, errno);
+  }
+  struct stat st;
+  if (::fstat(file->fd, &st) != 0) return IoError("cannot stat", path, errno);
+  file->size = static_cast<size_t>(st.st_size);
+  return file;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DirBlobStore>> DirBlobStore::Open(const std::filesystem::path& root,
@@ -257,20 +281,11 @@ Status DirBlobStore::WriteAtomically(std::string_view key, std::string_view data
 Result<std::string> DirBlobStore::Get(std::string_view key) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
   std::filesystem::path path = PathFor(key);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFound("blob " + std::string(key) + " not in " + Describe());
-    return IoError("cannot open", path, errno);
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return IoError("cannot stat", path, errno);
+  auto file = OpenBlobFile(path, key, Describe());
+  if (!file.ok()) return file.status();
+  const int fd = (*file)->fd;
+  const size_t size = (*file)->size;
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // a hint; failure is harmless
-  const auto size = static_cast<size_t>(st.st_size);
 
   // One allocation of the final size, read into in place, segment by segment: each segment is
   // made resident, read, and handed to the hashing threads, so hashing (the slowest step, ~1.6
@@ -313,21 +328,12 @@ Result<std::string> DirBlobStore::Get(std::string_view key) {
 Result<std::unique_ptr<BlobBuffer>> DirBlobStore::GetBuffer(std::string_view key) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
   std::filesystem::path path = PathFor(key);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFound("blob " + std::string(key) + " not in " + Describe());
-    return IoError("cannot open", path, errno);
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return IoError("cannot stat", path, errno);
-  const auto size = static_cast<size_t>(st.st_size);
+  auto file = OpenBlobFile(path, key, Describe());
+  if (!file.ok()) return file.status();
+  const size_t size = (*file)->size;
   if (size <= kBlobChunkBytes) return BlobStore::GetBuffer(key);  // a copy costs less than a map
 
-  auto mapped = MapPrivate(fd, size, path);
+  auto mapped = MapPrivate((*file)->fd, size, path);
   if (!mapped.ok()) return mapped.status();
   const std::string_view bytes((*mapped)->data(), size);
   const std::string actual = BlobKey(bytes);

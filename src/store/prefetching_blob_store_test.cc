@@ -19,15 +19,20 @@ std::unique_ptr<PrefetchingBlobStore> Open(const ScopedTempDir& dir, size_t max_
   return std::make_unique<PrefetchingBlobStore>(std::move(*backing), max_bytes);
 }
 
+// Until every queued key has been fetched and `bytes` are cached (or about a second passed).
+void WaitUntilFetched(const PrefetchingBlobStore& store, size_t bytes) {
+  for (int i = 0; i < 500 && (store.pending() > 0 || store.cached_bytes() < bytes); ++i) {
+    std::this_thread::sleep_for(2ms);
+  }
+}
+
 TEST(PrefetchingBlobStoreTest, PrefetchedBlobsAreServedOnceFromMemory) {
   ScopedTempDir dir;
   auto store = Open(dir, 64 << 20);
   std::string a = RandomBytes(1 << 20, 1), b = RandomBytes(1 << 20, 2);
   std::string ka = *store->Put(a), kb = *store->Put(b);
   store->Prefetch({ka, kb, "not-a-key"});
-  for (int i = 0; i < 500 && store->cached_bytes() < a.size() + b.size(); ++i) {
-    std::this_thread::sleep_for(2ms);
-  }
+  WaitUntilFetched(*store, a.size() + b.size());
   EXPECT_EQ(store->cached_bytes(), a.size() + b.size());
   EXPECT_EQ(*store->Get(ka), a);
   EXPECT_EQ(*store->Get(kb), b);
@@ -43,9 +48,7 @@ TEST(PrefetchingBlobStoreTest, PrefetchedBuffersAreServedOnce) {
   std::string a = RandomBytes(5 << 20, 3);
   std::string ka = *store->Put(a);
   store->Prefetch({ka});
-  for (int i = 0; i < 500 && store->cached_bytes() < a.size(); ++i) {
-    std::this_thread::sleep_for(2ms);
-  }
+  WaitUntilFetched(*store, a.size());
   auto buffer = store->GetBuffer(ka);
   ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
   EXPECT_TRUE(std::string_view((*buffer)->data(), (*buffer)->size()) == a);
@@ -60,9 +63,7 @@ TEST(PrefetchingBlobStoreTest, AKeyNamedTwiceIsFetchedOnceAndServed) {
   std::string a = RandomBytes(2 << 20, 4);
   std::string ka = *store->Put(a);
   store->Prefetch({ka, ka});
-  for (int i = 0; i < 500 && (store->pending() > 0 || store->cached_bytes() < a.size()); ++i) {
-    std::this_thread::sleep_for(2ms);
-  }
+  WaitUntilFetched(*store, a.size());
   EXPECT_EQ(store->pending(), 0u);
   EXPECT_EQ(store->cached_bytes(), a.size());
   // Once waited forever for a fetch of the duplicate that never happened (ctest's timeout).
