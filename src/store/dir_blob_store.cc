@@ -119,15 +119,18 @@ Status Publish(TempFile& temp, const std::filesystem::path& root, std::string_vi
   bool created_dir = ::mkdir(dir.c_str(), 0755) == 0;
   if (!created_dir && errno != EEXIST) return IoError("cannot create", dir, errno);
   std::filesystem::path final_path = dir / key;
-  const bool temp_in_root = std::filesystem::path(temp.path()).parent_path() == root;
+  const std::filesystem::path temp_dir = std::filesystem::path(temp.path()).parent_path();
   if (::rename(temp.path().c_str(), final_path.c_str()) != 0) {
     return IoError("cannot rename into", final_path, errno);
   }
   temp.Release();
   if (fsync) {
     if (Status s = SyncDirectory(dir); !s.ok()) return s;
-    // A new subdirectory, or a temporary file that left the root: the root changed too.
-    if (created_dir || temp_in_root) return SyncDirectory(root);
+    // The temporary file left its own directory.
+    if (temp_dir != dir) {
+      if (Status s = SyncDirectory(temp_dir); !s.ok()) return s;
+    }
+    if (created_dir) return SyncDirectory(root);
   }
   return Status::Ok();
 }
@@ -233,7 +236,13 @@ Result<std::string> DirBlobStore::Put(std::string_view data) {
 Result<std::string> DirBlobStore::PutWhileHashing(std::string_view data, int helpers) {
   ConcurrentBlobHasher hasher(data.data(), helpers);
   hasher.Advance(data.size());
-  auto temp = CreateTempFile(root_, "put");
+  // Temporary files go in a fan-out directory, never in the root: the root of a store shared by
+  // sandboxed replicas is not theirs to write (the daemon's PrepareSharedBlobDirectory). The key
+  // is not known yet, so any fan-out directory will do; a random one spreads concurrent puts.
+  const std::filesystem::path temp_dir = root_ / RandomSuffix().substr(0, 2);
+  if (::mkdir(temp_dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return IoError("cannot create", temp_dir, errno);
+  auto temp = CreateTempFile(temp_dir, "put");
   if (!temp.ok()) return temp.status();
   Status written = WriteAll(**temp, data);
   std::string key = hasher.Finish();

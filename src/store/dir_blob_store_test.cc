@@ -4,7 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "store/testing.h"
@@ -19,6 +22,16 @@ std::vector<std::string> Listing(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
     names.push_back(fs::relative(entry.path(), dir).string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Regular files only, relative to `dir`: a large put may leave an empty fan-out directory behind.
+std::vector<std::string> Files(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) names.push_back(fs::relative(entry.path(), dir).string());
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -78,9 +91,39 @@ TEST(DirBlobStoreTest, LargePutsLeaveNoTemporaryFiles) {
   ino_t before = Inode((*store)->PathFor(*key));
   ASSERT_TRUE((*store)->Put(data).ok());  // written while hashed, then dropped: already there
   EXPECT_EQ(Inode((*store)->PathFor(*key)), before);
-  const std::string dir = key->substr(0, 2);
-  EXPECT_EQ(Listing(tmp.path()), (std::vector<std::string>{dir, dir + "/" + *key}));
+  EXPECT_EQ(Files(tmp.path()), (std::vector<std::string>{key->substr(0, 2) + "/" + *key}));
   EXPECT_TRUE(*(*store)->Get(*key) == data);
+}
+
+// A store shared by sandboxed replicas (the daemon's PrepareSharedBlobDirectory): its root is not
+// writable by them, its fan-out directories are. Puts of every size still work, as another user.
+TEST(DirBlobStoreTest, PutsNeedOnlyTheFanOutDirectoriesWritable) {
+  ScopedTempDir tmp;
+  for (int i = 0; i < 256; ++i) {
+    char name[3];
+    std::snprintf(name, sizeof(name), "%02x", i);
+    ASSERT_EQ(::mkdir((tmp.path() / name).c_str(), 0777), 0);
+    ASSERT_EQ(::chmod((tmp.path() / name).c_str(), 01777), 0);
+  }
+  ASSERT_EQ(::chmod(tmp.path().c_str(), 0511), 0);
+  const std::string small = "small blob", large = RandomBytes(3 * kBlobChunkBytes + 5, 9);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // As root, permissions would not apply: put as nobody.
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(2);
+    auto store = DirBlobStore::Open(tmp.path());
+    const bool ok = store.ok() && (*store)->Put(small).ok() && (*store)->Put(large).ok();
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::chmod(tmp.path().c_str(), 0755);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "a put failed in a store whose root is not writable";
+  auto store = DirBlobStore::Open(tmp.path());
+  EXPECT_EQ(*(*store)->Get(BlobKey(small)), small);
+  EXPECT_TRUE(*(*store)->Get(BlobKey(large)) == large);
 }
 
 TEST(DirBlobStoreTest, MappedBufferOutlivesDeleteAndSeesNoLaterWrite) {
