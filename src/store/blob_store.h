@@ -124,8 +124,9 @@ class BlobStore {
  public:
   virtual ~BlobStore() = default;
 
-  // Stores `data` and returns its key. Idempotent and cheap when the blob already exists: the
-  // store checks before writing. A reader never sees a partially written blob.
+  // Stores `data` and returns its key. Idempotent: a blob that already exists is not replaced
+  // (the directory store may write a large one once more before it knows its key, then drop it).
+  // A reader never sees a partially written blob.
   virtual Result<std::string> Put(std::string_view data) = 0;
 
   // Put for a caller that already knows the key (e.g. one received with the data). InvalidArgument

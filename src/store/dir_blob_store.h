@@ -7,7 +7,8 @@
 // same bytes and the last rename wins. A writer that crashes leaves only a stray temporary file.
 //
 // Speed: Put of a blob of up to two key chunks (2 MiB) hashes, checks for the file, then writes
-// straight from the caller's buffer. A larger blob is written to a temporary file in the root while
+// straight from the caller's buffer. A larger blob is written to a temporary file in a fan-out
+// directory (the root may not be writable: see the daemon's PrepareSharedBlobDirectory) while
 // helper threads hash it, then renamed into place (or dropped, when the blob was already there).
 // Get reads into one buffer of the file's size, in segments, and hashes each segment on helper
 // threads while later ones are read. GetBuffer maps large blobs copy-on-write instead of reading
