@@ -411,6 +411,7 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
                             {"pid", known ? st->second->pid() : 0},
                             {"state", ReplicaState(k, r.replica_id)},
                             {"process_state", known ? st->second->state() : "unknown"},
+                            {"reachable", k.session && k.session->reachable(r.replica_id)},
                             {"restarts", known ? st->second->restarts() : 0},
                             {"role", r.replica_id == executor ? "executor" : "standby"}});
   }

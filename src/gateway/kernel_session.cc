@@ -94,6 +94,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     int connections = 0;
     ReplicaId executor = 0, executing = 0;
     bool cell_waiting = false;
+    std::set<ReplicaId> live;
     Stats stats;
   };
 
@@ -470,6 +471,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     p.executor = router.current_executor();
     p.executing = router.executing_replica();
     p.cell_waiting = router.cell_waiting();
+    p.live = router.live_replicas();
     const KernelRouter::Stats& s = router.stats();
     p.stats = {s.executions, s.waited_for_gpus, s.rejected, exceptions_caught.load()};
     MutexLock lock(&mu);
@@ -721,6 +723,10 @@ ReplicaId KernelSession::current_executor() const {
 ReplicaId KernelSession::executing_replica() const {
   MutexLock lock(&impl_->mu);
   return impl_->published.executing;
+}
+bool KernelSession::reachable(ReplicaId replica) const {
+  MutexLock lock(&impl_->mu);
+  return impl_->published.live.count(replica) > 0;
 }
 bool KernelSession::cell_waiting() const {
   MutexLock lock(&impl_->mu);

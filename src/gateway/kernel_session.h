@@ -138,6 +138,10 @@ class KernelSession {
   ReplicaId current_executor() const;
   ReplicaId executing_replica() const;  // the in-flight execution's target; 0 when none
   bool cell_waiting() const;            // a cell waits for an executor (KernelRouter)
+  // Whether the session would send a cell to `replica` now: linked, not lost and answering its
+  // heartbeats (KernelRouter::live_replicas). Can lag the registry's view of the replica by a
+  // heartbeat: a replica whose server came back is "live" there before it answers here.
+  bool reachable(ReplicaId replica) const;
   struct Stats {
     uint64_t executions = 0;
     uint64_t waited_for_gpus = 0;  // executions that could not be planned at once

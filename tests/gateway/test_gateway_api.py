@@ -126,6 +126,7 @@ def test_execute_reply_says_who_ran_the_cell_with_which_gpus(cluster):
         assert sorted(r["replica_id"] for r in kernel["replicas"]) == [1, 2, 3]
         assert len({r["server_id"] for r in kernel["replicas"]}) == 3
         assert all(r["pid"] > 0 and r["process_state"] == "running" and r["state"] == "live" for r in kernel["replicas"])
+        assert all(r["reachable"] for r in kernel["replicas"]), kernel["replicas"]
         assert [r["role"] for r in kernel["replicas"]].count("executor") == 1
         metrics = urllib_get(cluster, "/metrics")
         assert "nbos_server_gpus{" in metrics and "nbos_gpu_grants_total" in metrics

@@ -89,7 +89,7 @@ def test_a_cut_off_server_executes_nothing_and_the_kernel_is_whole_after_the_cut
         replicas = {r["replica_id"]: r for r in kernel_view(c, kid)["replicas"]}
         seen.update(r["state"] for r in replicas.values())
         if (cut_replica not in replicas and len(replicas) == 3
-                and all(r["state"] == "live" for r in replicas.values())):
+                and all(r["state"] == "live" and r["reachable"] for r in replicas.values())):
             break
         assert time.time() < deadline, f"the cut-off replica was not replaced: {replicas}"
         time.sleep(0.2)

@@ -38,14 +38,16 @@ def kernel_view(c, kernel_id):
 
 
 def wait_whole(c, kernel_id, avoid, seen_states, timeout=90):
-    """Waits until the kernel has three live replicas on servers not in `avoid`; collects the
+    """Waits until the kernel has three live replicas on servers not in `avoid`, each reachable
+    from the kernel's session (it answers heartbeats there, so cells may go to it); collects the
     replica states seen meanwhile in `seen_states`. Returns the replicas by id."""
     deadline = time.time() + timeout
     while True:
         kernel, _ = kernel_view(c, kernel_id)
         replicas = {r["replica_id"]: r for r in kernel["replicas"]}
         seen_states.update(r["state"] for r in replicas.values())
-        if (len(replicas) == 3 and all(r["state"] == "live" for r in replicas.values())
+        if (len(replicas) == 3
+                and all(r["state"] == "live" and r["reachable"] for r in replicas.values())
                 and not {r["server_id"] for r in replicas.values()} & avoid):
             return replicas
         assert time.time() < deadline, f"the kernel did not heal: {kernel}"
@@ -195,7 +197,10 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, froz
         while sum(r["state"] == "lost" for r in kernel_view(c, kid)[0]["replicas"]) < 2:
             assert time.time() < deadline, kernel_view(c, kid)[0]
             time.sleep(0.1)
-        # Lost for good now (the daemons missed their heartbeats): still refused, still at once.
+        # Lost for good now (the daemons missed their heartbeats): no cell goes to them, and one
+        # is still refused, still at once.
+        frozen_view = kernel_view(c, kid)[0]["replicas"]
+        assert sum(not r["reachable"] for r in frozen_view) == 2, frozen_view
         reply, _ = ks.execute("x += 1")
         assert reply["content"]["ename"] == "ReplicasUnavailable", reply["content"]
     finally:
