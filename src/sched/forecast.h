@@ -33,6 +33,10 @@ struct ForecastOptions {
   // with at least this chance (GpuNeed::cover_gpus): a kernel whose 1-GPU cells are often
   // followed by 8-GPU ones is kept next to a wholly idle server.
   double cover_chance = 0.25;
+  // With ScalingOptions::release_max_pinning_replicas >= 0: an idle kernel at least this likely
+  // to run a cell within the horizon pins one server that has its next cell's GPUs (cover_gpus)
+  // idle against scale-in, unless a busy server has them (Scheduler::ReliedOn).
+  double pin_min_chance = 0.1;
 };
 
 // An online distribution of idle gaps, in log-spaced bins from 1 s to months, plus gaps that

@@ -59,11 +59,9 @@ json Enc(const RebalanceOptions& o) {
 }
 
 json Enc(const ForecastOptions& o) {
-  return {{"enabled", o.enabled},
-          {"horizon_ms", o.horizon_ms},
-          {"prior_weight", o.prior_weight},
-          {"kernel_history", o.kernel_history},
-          {"cover_chance", o.cover_chance}};
+  return {{"enabled", o.enabled},           {"horizon_ms", o.horizon_ms},
+          {"prior_weight", o.prior_weight}, {"kernel_history", o.kernel_history},
+          {"cover_chance", o.cover_chance}, {"pin_min_chance", o.pin_min_chance}};
 }
 
 json Enc(const MigrationPlan& m) {
@@ -309,6 +307,8 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     j["options"]["rebalance"]["min_return_chance"] = options.rebalance.min_return_chance;
     j["options"]["rebalance"]["releasable_target_min_chance"] =
         options.rebalance.releasable_target_min_chance;
+    j["options"]["scaling"]["release_max_pinning_replicas"] =
+        options.scaling.release_max_pinning_replicas;
   }
   return j.dump();
 }
@@ -335,6 +335,8 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
     options.scaling.max_hosts = s.at("max_hosts").get<int32_t>();
     options.scaling.max_release_per_round = s.at("max_release_per_round").get<int32_t>();
     options.scaling.gpus_per_host = s.at("gpus_per_host").get<int32_t>();
+    // Absent before scale-in by reliance existed (and without the forecast): off.
+    options.scaling.release_max_pinning_replicas = s.value("release_max_pinning_replicas", -1);
     // Absent in journals written before packing and rebalancing existed: they were off.
     options.pack_gpus = o.value("pack_gpus", false);
     options.gpu_wait_expiry_ms = o.value("gpu_wait_expiry_ms", int64_t{0});
@@ -358,6 +360,8 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
       options.forecast.prior_weight = f->at("prior_weight").get<double>();
       options.forecast.kernel_history = f->at("kernel_history").get<int32_t>();
       options.forecast.cover_chance = f->at("cover_chance").get<double>();
+      options.forecast.pin_min_chance =
+          f->value("pin_min_chance", ForecastOptions{}.pin_min_chance);
     }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||

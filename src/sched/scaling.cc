@@ -20,7 +20,7 @@ int64_t HostsFor(int64_t load_gpus, double factor, int32_t gpus_per_host) {
 // The decision over server pointers, so that the ClusterState overload (called every scaling
 // interval by the simulator) does not copy every ServerView.
 ScalingDecision Decide(const std::vector<const ServerView*>& servers, const ScalingOptions& options,
-                       double forecast_gpus) {
+                       double forecast_gpus, const PinningCount* pinning) {
   assert(options.gpus_per_host > 0 && options.min_hosts >= 0 && options.buffer_hosts >= 0);
   int64_t load = 0;
   int64_t size = 0;
@@ -53,16 +53,22 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers, const Scal
       std::min<int64_t>(size - limit, std::max(options.max_release_per_round, 0));
   if (surplus <= 0) return decision;
 
-  std::vector<const ServerView*> idle;
+  // (pinning replicas, server): the count is 0 for all when no pinning rule applies.
+  const bool pins = pinning != nullptr && options.release_max_pinning_replicas >= 0;
+  std::vector<std::pair<int32_t, const ServerView*>> idle;
   for (const ServerView* s : servers) {
-    if (s->accepting && s->committed.gpus == 0) idle.push_back(s);
+    if (!s->accepting || s->committed.gpus != 0) continue;
+    const int32_t pinned = pins ? (*pinning)(*s) : 0;
+    if (pinned <= options.release_max_pinning_replicas || !pins) idle.emplace_back(pinned, s);
   }
-  std::sort(idle.begin(), idle.end(), [](const ServerView* a, const ServerView* b) {
-    return std::tie(a->subscribed.gpus, a->subscribed.millicpus, a->server_id) <
-           std::tie(b->subscribed.gpus, b->subscribed.millicpus, b->server_id);
+  std::sort(idle.begin(), idle.end(), [](const auto& x, const auto& y) {
+    const ServerView* a = x.second;
+    const ServerView* b = y.second;
+    return std::tie(x.first, a->subscribed.gpus, a->subscribed.millicpus, a->server_id) <
+           std::tie(y.first, b->subscribed.gpus, b->subscribed.millicpus, b->server_id);
   });
   for (int64_t i = 0; i < surplus && i < static_cast<int64_t>(idle.size()); ++i) {
-    decision.release_server_ids.push_back(idle[i]->server_id);
+    decision.release_server_ids.push_back(idle[i].second->server_id);
   }
   return decision;
 }
@@ -70,19 +76,19 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers, const Scal
 }  // namespace
 
 ScalingDecision DecideScaling(const std::vector<ServerView>& servers, const ScalingOptions& options,
-                              double forecast_gpus) {
+                              double forecast_gpus, const PinningCount* pinning) {
   std::vector<const ServerView*> pointers;
   pointers.reserve(servers.size());
   for (const ServerView& s : servers) pointers.push_back(&s);
-  return Decide(pointers, options, forecast_gpus);
+  return Decide(pointers, options, forecast_gpus, pinning);
 }
 
 ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options,
-                              double forecast_gpus) {
+                              double forecast_gpus, const PinningCount* pinning) {
   std::vector<const ServerView*> pointers;
   pointers.reserve(cluster.servers().size());
   for (const auto& [id, s] : cluster.servers()) pointers.push_back(&s);
-  return Decide(pointers, options, forecast_gpus);
+  return Decide(pointers, options, forecast_gpus, pinning);
 }
 
 }  // namespace nbos::sched

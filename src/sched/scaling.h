@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,13 @@ struct ScalingOptions {
   int32_t max_hosts = -1;                  // < 0: unbounded
   int32_t max_release_per_round = 2;       // k
   int32_t gpus_per_host = 8;               // > 0
+  // With a pinning count (DecideScaling's `pinning`): an idle server is released only when at
+  // most this many of its replicas pin it, and the least pinned go first. < 0: no such rule.
+  int32_t release_max_pinning_replicas = -1;
 };
+
+// Replicas on an idle server that should keep it (e.g. of kernels likely to run a cell soon).
+using PinningCount = std::function<int32_t(const ServerView& server)>;
 
 struct ScalingDecision {
   int32_t add_hosts = 0;
@@ -36,9 +43,13 @@ struct ScalingDecision {
 // SubscriptionRatio window; that gating is the caller's.
 // forecast_gpus (>= 0): GPUs idle kernels are expected to ask for soon (forecast.h), added to
 // the committed load for both the target and the limit.
+// pinning (with options.release_max_pinning_replicas >= 0): release candidates are only the idle
+// accepting servers with at most that many pinning replicas, ordered by that count first (then
+// as above). Called only for idle accepting servers, and only when some server may go.
 ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
-                              const ScalingOptions& options = {}, double forecast_gpus = 0);
+                              const ScalingOptions& options = {}, double forecast_gpus = 0,
+                              const PinningCount* pinning = nullptr);
 ScalingDecision DecideScaling(const ClusterState& cluster, const ScalingOptions& options = {},
-                              double forecast_gpus = 0);
+                              double forecast_gpus = 0, const PinningCount* pinning = nullptr);
 
 }  // namespace nbos::sched

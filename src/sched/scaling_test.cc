@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "sched/test_util.h"
 
 namespace nbos::sched {
@@ -108,6 +110,48 @@ TEST(ScalingTest, ScaleInFromLargeIdleClusterStepsByK) {
   }
   EXPECT_EQ(rounds, 3);
   EXPECT_EQ(hosts.size(), 6u);
+}
+
+TEST(ScalingTest, PinningKeepsReliedOnServersAndOrdersTheRest) {
+  // 10 full hosts and 6 idle ones: limit 12, so 2 go. By subscription alone h10 and h11 would;
+  // h10 is pinned by 2 replicas, h11 by 1 and h12 by none.
+  std::vector<ServerView> hosts =
+      Hosts(Concat(Repeat(10, {8, 8}), {{0, 0}, {0, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}}));
+  const std::map<std::string, int32_t> pins = {{"h10", 2}, {"h11", 1}, {"h13", 1}};
+  int calls = 0;
+  const PinningCount pinning = [&](const ServerView& server) {
+    ++calls;
+    EXPECT_EQ(server.committed.gpus, 0) << "only idle servers are asked about";
+    const auto it = pins.find(server.server_id);
+    return it == pins.end() ? 0 : it->second;
+  };
+  ScalingOptions opts;
+  opts.release_max_pinning_replicas = 0;
+  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+            (std::vector<std::string>{"h12", "h14"}));
+  EXPECT_EQ(calls, 6);
+  // Up to 1 pinning replica: unpinned first, then the least pinned, then by subscription.
+  opts.release_max_pinning_replicas = 1;
+  opts.max_release_per_round = 4;
+  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+            (std::vector<std::string>{"h12", "h14", "h15", "h11"}));
+  // Without the option the count plays no part and is never asked for.
+  calls = 0;
+  opts.release_max_pinning_replicas = -1;
+  opts.max_release_per_round = 2;
+  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+            (std::vector<std::string>{"h10", "h11"}));
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(ScalingTest, PinningIsNotCountedWhenNothingMayGo) {
+  std::vector<ServerView> hosts = Hosts(Concat(Repeat(10, {8, 8}), Repeat(2, {0, 0})));
+  int calls = 0;
+  const PinningCount pinning = [&](const ServerView&) { return ++calls, 0; };
+  ScalingOptions opts;
+  opts.release_max_pinning_replicas = 0;
+  EXPECT_TRUE(DecideScaling(hosts, opts, 0, &pinning).release_server_ids.empty());
+  EXPECT_EQ(calls, 0);  // within the band: no surplus
 }
 
 }  // namespace

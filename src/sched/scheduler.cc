@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -221,7 +222,7 @@ TickDecision Scheduler::DoTick() {
   }
   if (options_.auto_scaling && ratio_.window_full()) {
     tick.scaling_evaluated = true;
-    tick.scaling = DecideScaling(cluster_, options_.scaling, tick.forecast_gpus);
+    tick.scaling = Scale(tick.forecast_gpus);
   }
   if (options_.rebalance.enabled &&
       (rebalance_stale_ || last_event_ms_ >= rebalance_quiet_until_ms_ ||
@@ -256,6 +257,55 @@ TickDecision Scheduler::DoTick() {
     }
   }
   return tick;
+}
+
+ScalingDecision Scheduler::Scale(double forecast_gpus) {
+  if (!options_.forecast.enabled || options_.scaling.release_max_pinning_replicas < 0) {
+    return DecideScaling(cluster_, options_.scaling, forecast_gpus);
+  }
+  // Counted on first use only: most ticks release nothing and never ask.
+  std::map<std::string_view, int32_t> relied;
+  bool counted = false;
+  const PinningCount pinning = [&](const ServerView& server) {
+    if (!counted) {
+      relied = ReliedOn();
+      counted = true;
+    }
+    const auto it = relied.find(server.server_id);
+    return it == relied.end() ? 0 : it->second;
+  };
+  return DecideScaling(cluster_, options_.scaling, forecast_gpus, &pinning);
+}
+
+std::map<std::string_view, int32_t> Scheduler::ReliedOn() {
+  std::map<std::string_view, int32_t> relied;
+  for (auto& [id, a] : activity_) {
+    // A busy kernel gets its own GPUs back when its cell ends; an unlikely one may wait (its
+    // replicas move off a released server, and rebalancing covers it again if it comes back).
+    if (a.committed_gpus > 0 || a.executor_pending) continue;
+    if (ReturnChanceOf(a) < options_.forecast.pin_min_chance) continue;
+    const KernelView* kernel = cluster_.FindKernel(id);
+    NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
+    const int32_t need = NeedOf(a, *kernel).cover_gpus;
+    // Scale-in takes only wholly idle servers, so a kernel covered by a busy one keeps its
+    // cover. Otherwise one of its covering servers is pinned: the one scale-in would take last
+    // (most subscribed), so that a round releasing several never takes all of them.
+    const ServerView* kept = nullptr;
+    bool covered_by_busy = false;
+    for (const ReplicaView& r : kernel->replicas) {
+      const ServerView* server = cluster_.FindServer(r.server_id);
+      if (server == nullptr || !server->accepting || server->IdleGpus() < need) continue;
+      covered_by_busy = covered_by_busy || server->committed.gpus > 0;
+      if (kept == nullptr ||
+          std::tie(server->subscribed.gpus, server->subscribed.millicpus, server->server_id) >
+              std::tie(kept->subscribed.gpus, kept->subscribed.millicpus, kept->server_id)) {
+        kept = server;
+      }
+    }
+    // One covered by none is rebalancing's to move, and pins nothing.
+    if (kept != nullptr && !covered_by_busy) ++relied[kept->server_id];
+  }
+  return relied;
 }
 
 double Scheduler::ReturnChanceOf(KernelActivity& activity) {

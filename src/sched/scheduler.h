@@ -49,6 +49,9 @@ struct SchedulerOptions {
   // Demand forecast from session state (forecast.h). When enabled, each tick adds the GPUs idle
   // kernels are expected to ask for within forecast.horizon_ms to the load that auto-scaling
   // sizes the cluster for, and rebalancing moves the kernels likeliest to run a cell soon first.
+  // With scaling.release_max_pinning_replicas >= 0, scale-in also keeps the idle servers that
+  // likely idle kernels rely on for their next cell's GPUs (ReliedOn), and may release others
+  // whatever replicas they hold.
   // Off by default (the gateway's behaviour); `nbos sim` turns it on for notebookos.
   ForecastOptions forecast;
   // Cells waiting for GPUs are served first come, first served (gpu_waiters.h); a waiter that has
@@ -277,6 +280,16 @@ class Scheduler {
   double ReturnChanceOf(KernelActivity& activity);
   // Its next cell's likely GPUs (forecast), from the last cell's (or the request's).
   GpuNeed NeedOf(const KernelActivity& activity, const KernelView& kernel) const;
+  // DecideScaling, with the pinning rule when the forecast is on and
+  // options.scaling.release_max_pinning_replicas >= 0: the pinning replicas of a server are the
+  // idle kernels that rely on it (ReliedOn).
+  ScalingDecision Scale(double forecast_gpus);
+  // Per server, the idle kernels at least forecast.pin_min_chance likely to run a cell within
+  // the horizon that rely on it. A kernel's covering servers are its replicas' accepting servers
+  // with its next cell's GPUs (NeedOf's cover_gpus) idle; when none of them has GPUs committed
+  // (scale-in could take them all), it relies on one: the most subscribed, then the greatest
+  // server_id (the one DecideScaling would release last). Servers relied on by none are absent.
+  std::map<std::string_view, int32_t> ReliedOn();
   // Learns the gap that ends (or never will) for a kernel idle since activity.last_active_ms.
   void NoteGap(KernelActivity& activity, bool returned);
 

@@ -532,18 +532,76 @@ TEST(SchedulerForecastTest, OffByDefaultAsTheGatewayRunsIt) {
   EXPECT_EQ(t.scaling.reason.find("forecast"), std::string::npos);
 }
 
+// k (8 GPUs, on s0..s2) runs cells a minute apart while b and c hold s1 and s2 whole: of k's
+// servers only s0 has its next cell's GPUs idle. s4 (c's replica) is as idle and as subscribed.
+TEST(SchedulerForecastTest, ScaleInKeepsTheServerALikelyKernelReliesOnAlone) {
+  for (const int32_t max_pinning : {-1, 0}) {
+    SchedulerOptions o = Options();
+    o.ratio_window = 1;
+    o.forecast.enabled = true;
+    o.forecast.horizon_ms = 120000;
+    o.scaling.release_max_pinning_replicas = max_pinning;
+    Scheduler s = WithServers(5, o);
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("b", Req(8), {"s1", "s2", "s3"})).ok());
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("c", Req(8), {"s2", "s3", "s4"})).ok());
+    ASSERT_TRUE(s.OnGrantCommitted(0, {"b", 1, "s1", Req(8, 0, 0)}).ok());
+    ASSERT_TRUE(s.OnGrantCommitted(0, {"c", 1, "s2", Req(8, 0, 0)}).ok());
+    const int64_t end_ms = RunShortGappedCells(s, 5);
+    // Load 16 + forecast 8: target and limit 4 of 5 hosts, so one idle host goes. s0 and s4 tie
+    // on subscription (s0 first by id), but k, likely back within 2 minutes, relies on s0.
+    TickDecision t = s.OnTick(end_ms + 15000);
+    ASSERT_TRUE(t.scaling_evaluated);
+    EXPECT_EQ(t.scaling.release_server_ids,
+              (std::vector<std::string>{max_pinning < 0 ? "s0" : "s4"}))
+        << t.scaling.reason;
+    // After 10 minutes, longer than any gap k had, k pins nothing: limit 3, s0 and s4 go.
+    t = s.OnTick(end_ms + 600000);
+    EXPECT_EQ(t.scaling.release_server_ids, (std::vector<std::string>{"s0", "s4"}))
+        << t.scaling.reason;
+  }
+}
+
+// A likely kernel covered by two wholly idle servers keeps one of them, not both.
+TEST(SchedulerForecastTest, AKernelCoveredByTwoIdleServersKeepsOne) {
+  SchedulerOptions o = Options();
+  o.ratio_window = 1;
+  o.forecast.enabled = true;
+  o.forecast.horizon_ms = 120000;
+  o.scaling.release_max_pinning_replicas = 0;
+  Scheduler s = WithServers(5, o);
+  ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("b", Req(8), {"s1", "s3", "s4"})).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(0, {"b", 1, "s1", Req(8, 0, 0)}).ok());
+  const int64_t end_ms = RunShortGappedCells(s, 5);
+  // Load 8 + 8: target max(⌈17.6 / 8⌉, 3) = 3, limit 3: two of the idle s0, s2, s3, s4 go
+  // (equally subscribed: by id). k's 8 GPUs are idle on s0 and s2; it keeps s2, the later one.
+  TickDecision t = s.OnTick(end_ms + 15000);
+  EXPECT_EQ(t.scaling.release_server_ids, (std::vector<std::string>{"s0", "s3"}))
+      << t.scaling.reason;
+  // Once b's GPUs are released, s1 is idle too and b is a likely idle kernel: both keep s1,
+  // the most subscribed of their covering servers (a replica of each), and s0 and s2 go.
+  ASSERT_TRUE(s.OnGrantReleased(end_ms + 20000, {"b", 1, "s1", Req(8, 0, 0)}).ok());
+  t = s.OnTick(end_ms + 30000);
+  EXPECT_EQ(t.scaling.release_server_ids, (std::vector<std::string>{"s0", "s2"}))
+      << t.scaling.reason;
+}
+
 TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   SchedulerOptions o = Options();
   o.forecast.enabled = true;
   o.forecast.horizon_ms = 90000;
   o.rebalance.min_return_chance = 0.25;
+  o.forecast.pin_min_chance = 0.3;
+  o.scaling.release_max_pinning_replicas = 1;
   Result<SchedulerOptions> back = DecodeJournalHeader(EncodeJournalHeader(o));
   ASSERT_TRUE(back.ok());
   EXPECT_TRUE(back->forecast.enabled);
   EXPECT_EQ(back->forecast.horizon_ms, 90000);
   EXPECT_EQ(back->rebalance.min_return_chance, 0.25);
+  EXPECT_EQ(back->forecast.pin_min_chance, 0.3);
+  EXPECT_EQ(back->scaling.release_max_pinning_replicas, 1);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
+  EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);
 }
 
 }  // namespace

@@ -162,6 +162,7 @@ TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
   }
   SimOptions o = Opts(Policy::kNotebookOS);
   o.initial_hosts = 8;
+  o.config.release_max_pinning_replicas = -1;  // the reference's rule, not the forecast's
   auto kept = Simulate(w, o);
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->hosts_released, 0);
@@ -171,6 +172,29 @@ TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
   ASSERT_TRUE(drained.ok());
   EXPECT_GT(drained->hosts_released, 0);
   EXPECT_GT(drained->migrations, 0);
+}
+
+TEST(SimTest, ScaleInByRelianceDrainsServersNoLikelyKernelReliesOnAlone) {
+  // The same idle sessions: each kernel has 3 wholly idle servers for its 1-GPU cell, so none
+  // relies on any one alone, and the default (forecast) rule drains down to the target.
+  Workload w;
+  for (int i = 0; i < 20; ++i) {
+    w.sessions.push_back(
+        Session{"s" + std::to_string(i), 0, 3 * 3600000, 1, {{3 * 3600000 - 120000, 60000, 1}}});
+  }
+  SimOptions o = Opts(Policy::kNotebookOS);
+  o.initial_hosts = 8;
+  ASSERT_GE(o.config.release_max_pinning_replicas, 0);
+  auto r = Simulate(w, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->hosts_released, 0);
+  EXPECT_GT(r->migrations, 0);
+  EXPECT_EQ(r->cells_failed, 0);
+  // Without the forecast the reference's replica rule applies again.
+  o.config.forecast = false;
+  auto kept = Simulate(w, o);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->hosts_released, 0);
 }
 
 // Session a (8 GPUs) idles after its first cell while b, c, d take all 3 hosts for an hour; the

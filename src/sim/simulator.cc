@@ -61,6 +61,9 @@ using nlohmann::json;
   X(forecast_scaling_limit)           \
   X(rebalance_min_return_chance)      \
   X(rebalance_releasable_min_chance)  \
+  X(forecast_rebalance_cooldown_ms)   \
+  X(release_max_pinning_replicas)     \
+  X(release_pin_min_chance)           \
   X(warm_per_host)                    \
   X(lcp_warm_per_host)                \
   X(gpu_hour_cost_usd)                \
@@ -695,10 +698,13 @@ class Sim {
   // accepting) when a replica has nowhere to go.
   bool ReleaseHost(int64_t now, const std::string& id) {
     // The reference's ReleaseIdleHosts only takes servers with few containers on them; checked
-    // before walking the kernels (every replica subscribes replica_millicpus).
+    // before walking the kernels (every replica subscribes replica_millicpus). The scheduler's
+    // pinning rule, when on, has chosen by the replicas that matter instead.
+    const int32_t max_replicas =
+        sched_.options().scaling.release_max_pinning_replicas >= 0 ? -1 : c_.release_max_replicas;
     const sched::ServerView* server = sched_.cluster().FindServer(id);
-    if (server != nullptr && c_.release_max_replicas >= 0 && c_.replica_millicpus > 0 &&
-        server->subscribed.millicpus > int64_t{c_.release_max_replicas} * c_.replica_millicpus) {
+    if (server != nullptr && max_replicas >= 0 && c_.replica_millicpus > 0 &&
+        server->subscribed.millicpus > int64_t{max_replicas} * c_.replica_millicpus) {
       return false;
     }
     Status st = sched_.OnServerAccepting(now, id, false);
@@ -709,8 +715,7 @@ class Sim {
         if (r.server_id == id) moving.emplace_back(kid, r.replica_id);
       }
     }
-    if (c_.release_max_replicas >= 0 &&
-        static_cast<int64_t>(moving.size()) > c_.release_max_replicas) {
+    if (max_replicas >= 0 && static_cast<int64_t>(moving.size()) > max_replicas) {
       st = sched_.OnServerAccepting(now, id, true);
       NBOS_CHECK(st.ok(), "reopening a server kept from release");
       return false;
@@ -948,6 +953,14 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
     if (c.forecast_scaling_limit > 0) s.scaling.scaling_limit = c.forecast_scaling_limit;
     s.rebalance.min_return_chance = c.rebalance_min_return_chance;
     s.rebalance.releasable_target_min_chance = c.rebalance_releasable_min_chance;
+    if (c.forecast_rebalance_cooldown_ms >= 0) {
+      s.rebalance.kernel_cooldown_ms = c.forecast_rebalance_cooldown_ms;
+    }
+    s.forecast.pin_min_chance = c.release_pin_min_chance;
+    s.scaling.release_max_pinning_replicas = c.release_max_pinning_replicas;
+    // Scale-in no longer goes by replica counts, so neither do rebalancing's targets: a move
+    // keeps a server only by making a likely kernel rely on it, which the pinning rule sees.
+    if (c.release_max_pinning_replicas >= 0) s.rebalance.spare_servers_max_replicas = -1;
   }
   return s;
 }

@@ -69,13 +69,24 @@ struct SimConfig {
   double forecast_prior_weight = 4.0;  // a kernel's own gaps vs the population's (forecast.h)
   // rebalancing keeps an idle kernel next to the most GPUs its next cell needs with this chance
   double forecast_cover_chance = 0.25;
-  double forecast_scaling_factor = -1;
-  double forecast_scaling_limit = -1;
+  double forecast_scaling_factor = 1.15;
+  double forecast_scaling_limit = 1.20;
   // With the forecast: kernels less likely than this to return within the horizon are not
   // moved proactively, and ones less likely than the second never pin a releasable server
   // (instead of rebalance_releasable_idle_max_ms). < 0: off.
   double rebalance_min_return_chance = -1;
   double rebalance_releasable_min_chance = 0.1;
+  // With the forecast, rebalancing's cooldown (< 0: rebalance_cooldown_ms). Scale-in by
+  // reliance (below) releases servers that unlikely kernels were covered by, so kernels need
+  // to move again sooner.
+  int64_t forecast_rebalance_cooldown_ms = 60000;
+  // With the forecast and >= 0: scale-in releases an idle server only when at most this many
+  // idle kernels at least release_pin_min_chance likely to run a cell within the horizon rely on
+  // it for their next cell's GPUs (sched::Scheduler::ReliedOn: the one wholly idle server kept
+  // per kernel not covered by a busy one), whatever else it holds (the other replicas move
+  // off), and rebalancing ignores replica counts (replaces release_max_replicas). < 0: off.
+  int32_t release_max_pinning_replicas = 0;
+  double release_pin_min_chance = 0.1;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
