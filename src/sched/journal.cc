@@ -307,6 +307,7 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     j["options"]["rebalance"]["min_return_chance"] = options.rebalance.min_return_chance;
     j["options"]["rebalance"]["releasable_target_min_chance"] =
         options.rebalance.releasable_target_min_chance;
+    j["options"]["rebalance"]["spare_whole_min_chance"] = options.rebalance.spare_whole_min_chance;
     j["options"]["scaling"]["release_max_pinning_replicas"] =
         options.scaling.release_max_pinning_replicas;
   }
@@ -353,6 +354,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
       options.rebalance.min_return_chance = r->value("min_return_chance", -1.0);
       options.rebalance.releasable_target_min_chance =
           r->value("releasable_target_min_chance", -1.0);
+      options.rebalance.spare_whole_min_chance = r->value("spare_whole_min_chance", -1.0);
     }
     if (const auto f = o.find("forecast"); f != o.end()) {
       options.forecast.enabled = f->at("enabled").get<bool>();

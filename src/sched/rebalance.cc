@@ -35,6 +35,14 @@ bool MayPinReleasable(const IdleKernel& k, int64_t now_ms, const RebalanceOption
   return k.last_active_ms >= now_ms - options.releasable_target_idle_max_ms;
 }
 
+// Whether a covered kernel's cell, smaller than a server, would break up a wholly idle one
+// (only such servers cover it), so that it may move to spare it (spare_whole_min_chance).
+bool WouldBreakWholeServer(const IdleKernel& k, bool covered_by_busy, const ServerView& covering,
+                           const RebalanceOptions& options) {
+  return options.spare_whole_min_chance >= 0 && k.return_chance >= 0 && !covered_by_busy &&
+         k.gpus_needed < covering.spec.gpus;
+}
+
 }  // namespace
 
 RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<IdleKernel>& idle,
@@ -65,6 +73,7 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
   // together, so a move goes where the fewest already rely (a kernel covered by two servers
   // relies on neither alone).
   std::vector<const IdleKernel*> uncovered;
+  std::set<const IdleKernel*> sparing;  // covered, moving to spare a wholly idle server
   for (const IdleKernel& k : idle) {
     // A kernel needing more idle GPUs than any accepting server has can be neither covered nor
     // moved.
@@ -73,15 +82,22 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     }
     Roomy* only = nullptr;
     int32_t covering = 0;
+    bool covered_by_busy = false;
     for (const ReplicaView& r : k.kernel->replicas) {
       Roomy* server = find_roomy(r.server_id);
       if (server != nullptr && server->server->IdleGpus() >= k.gpus_needed) {
         ++covering;
         only = server;
+        covered_by_busy = covered_by_busy || server->server->committed.gpus > 0;
       }
     }
     if (covering == 1) ++only->relied;
-    if (covering > 0) continue;
+    if (covering > 0) {
+      if (!WouldBreakWholeServer(k, covered_by_busy, *only->server, options)) continue;
+      choice.quiet_until_ms = now_ms;  // its chance moves with time
+      if (k.return_chance < options.spare_whole_min_chance) continue;
+      sparing.insert(&k);
+    }
     if (k.return_chance >= 0 &&
         (options.min_return_chance >= 0 || options.releasable_target_min_chance >= 0)) {
       // A chance moves with time either way, so the answer may change without any event.
@@ -98,10 +114,11 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
   }
   // The most recently active kernels are the likeliest to run a cell soon (notebook cells come
   // in bursts), so they move first when the bound cuts the list; a forecast says it better.
-  std::sort(uncovered.begin(), uncovered.end(), [](const IdleKernel* a, const IdleKernel* b) {
-    return std::make_tuple(-a->return_chance, -a->last_active_ms,
+  // Covering a kernel comes before sparing a whole server.
+  std::sort(uncovered.begin(), uncovered.end(), [&](const IdleKernel* a, const IdleKernel* b) {
+    return std::make_tuple(sparing.contains(a), -a->return_chance, -a->last_active_ms,
                            std::string_view(a->kernel->kernel_id)) <
-           std::make_tuple(-b->return_chance, -b->last_active_ms,
+           std::make_tuple(sparing.contains(b), -b->return_chance, -b->last_active_ms,
                            std::string_view(b->kernel->kernel_id));
   });
 
@@ -141,7 +158,8 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     for (Roomy& r : roomy) {
       const ServerView& server = *r.server;
       if (excluded_servers.contains(server.server_id) || server.IdleGpus() < k->gpus_needed ||
-          kernel.HasReplicaOn(server.server_id)) {
+          kernel.HasReplicaOn(server.server_id) ||
+          (sparing.contains(k) && server.committed.gpus == 0)) {
         continue;
       }
       if (!FitsWithPlanned(r, kernel.request)) continue;
@@ -186,9 +204,12 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     plan.plan.replica_id = moving->replica_id;
     plan.plan.from_server_id = moving->server_id;
     plan.plan.to_server_id = target->server->server_id;
-    plan.plan.reason = "proactive: no replica server of kernel '" + kernel.kernel_id + "' has " +
-                       std::to_string(k->gpus_needed) + " idle GPUs; " + target->server->server_id +
-                       " has " + std::to_string(target->server->IdleGpus());
+    plan.plan.reason = "proactive: " +
+                       std::string(sparing.contains(k) ? "only wholly idle replica servers of"
+                                                       : "no replica server of") +
+                       " kernel '" + kernel.kernel_id + "' have " + std::to_string(k->gpus_needed) +
+                       " idle GPUs; " + target->server->server_id + " has " +
+                       std::to_string(target->server->IdleGpus());
     plans.push_back(std::move(plan));
     ++target->relied;
     target->added += kernel.request;

@@ -43,6 +43,11 @@ struct RebalanceOptions {
   // of the idle-time rule above). Negative: the rule is off.
   double min_return_chance = -1;
   double releasable_target_min_chance = -1;
+  // For kernels with a forecast: one at least this likely to run a cell within the horizon whose
+  // next cell needs less than a whole server and that only wholly idle servers cover also moves,
+  // after the uncovered kernels, to a partly busy server with room, so that its cell leaves the
+  // idle server whole for a whole-server cell. Negative: off.
+  double spare_whole_min_chance = -1;
 };
 
 // One proactive move: which kernel's replica goes where.
@@ -67,7 +72,8 @@ struct IdleKernel {
 // idle GPUs. For uncovered kernels with gpus_needed >= min_gpus that are out of their cooldown
 // (now_ms - last_rebalanced_ms >= kernel_cooldown_ms) and, with a forecast, at least
 // min_return_chance likely to return, likeliest first (forecast, then most recently active,
-// then kernel_id), at most max_per_tick plans:
+// then kernel_id), then likewise for the kernels that spare_whole_min_chance moves (covered by
+// wholly idle servers only; their targets must have GPUs committed), at most max_per_tick plans:
 // - Target: accepting, not in `excluded_servers` (e.g. servers the same tick releases), holds no
 //   replica of the kernel, >= gpus_needed idle GPUs, SubscriptionFits(request) counting the
 //   replicas this decision already sends there, and not releasable (see

@@ -211,5 +211,63 @@ TEST(RebalanceTest, CountsThisDecisionsReplicasAgainstTargetRoom) {
   EXPECT_EQ(plans[1].plan.to_server_id, "e");
 }
 
+// k's 1-GPU cell would run on a (wholly idle) or break it up: b and c are full, d holds 4 GPUs
+// busy, e and f are wholly idle. u has no replica server with 8 idle GPUs.
+struct SpareWhole {
+  ClusterState cluster = Cluster({Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8),
+                                  Server("e", 8), Server("f", 8)});
+  SpareWhole() {
+    for (const auto& [server, gpus] :
+         std::vector<std::pair<std::string, int32_t>>{{"b", 8}, {"c", 8}, {"d", 4}}) {
+      EXPECT_TRUE(cluster.Commit(server, Gpus(gpus)).ok());
+    }
+    EXPECT_TRUE(cluster.AddKernel(Kernel("k", Req(8), {"a", "b", "c"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("u", Req(8), {"b", "c", "d"})).ok());
+  }
+  std::vector<std::string> Plans(int32_t k_needs, double k_chance, const RebalanceOptions& o,
+                                 bool with_u = false) {
+    std::vector<IdleKernel> idle = {
+        {cluster.FindKernel("k"), k_needs, 0, std::numeric_limits<int64_t>::lowest(), k_chance}};
+    if (with_u) {
+      idle.push_back({cluster.FindKernel("u"), 8, 0, std::numeric_limits<int64_t>::lowest(), 0.05});
+    }
+    std::vector<std::string> got;
+    for (const RebalancePlan& p : ChooseRebalance(cluster, idle, 1000000, o).plans) {
+      got.push_back(Show(p));
+    }
+    return got;
+  }
+};
+
+TEST(RebalanceTest, ALikelySmallCellSparesAWhollyIdleServer) {
+  SpareWhole c;
+  RebalanceOptions o = On();
+  EXPECT_EQ(c.Plans(1, 0.5, o), std::vector<std::string>{});  // off by default
+  o.spare_whole_min_chance = 0.1;
+  // To d (partly busy), not to e or f; a replica on a full server (b or c) goes, not a's.
+  const std::vector<std::string> got = c.Plans(1, 0.5, o);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].substr(0, 2), "k:");
+  EXPECT_EQ(got[0].substr(got[0].size() - 3), "->d");
+  EXPECT_EQ(got[0].find(":a->"), std::string::npos) << "the covering replica stays";
+  // Not for an unlikely kernel, nor for a whole-server cell, nor when d has no room.
+  EXPECT_EQ(c.Plans(1, 0.05, o), std::vector<std::string>{});
+  EXPECT_EQ(c.Plans(8, 0.5, o), std::vector<std::string>{});
+  EXPECT_EQ(c.Plans(5, 0.5, o), std::vector<std::string>{});
+  // An uncovered kernel moves first when the bound allows one plan only.
+  o.max_per_tick = 1;
+  const std::vector<std::string> first = c.Plans(1, 0.5, o, /*with_u=*/true);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].substr(0, 2), "u:");
+}
+
+TEST(RebalanceTest, ASmallCellCoveredByAPartlyBusyServerStays) {
+  SpareWhole c;
+  ASSERT_TRUE(c.cluster.Release("b", Gpus(4)).ok());  // b: 4 of 8 busy, so it covers k's 1 GPU
+  RebalanceOptions o = On();
+  o.spare_whole_min_chance = 0.1;
+  EXPECT_EQ(c.Plans(1, 0.5, o), std::vector<std::string>{});
+}
+
 }  // namespace
 }  // namespace nbos::sched

@@ -592,6 +592,7 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   o.rebalance.min_return_chance = 0.25;
   o.forecast.pin_min_chance = 0.3;
   o.scaling.release_max_pinning_replicas = 1;
+  o.rebalance.spare_whole_min_chance = 0.2;
   Result<SchedulerOptions> back = DecodeJournalHeader(EncodeJournalHeader(o));
   ASSERT_TRUE(back.ok());
   EXPECT_TRUE(back->forecast.enabled);
@@ -599,6 +600,7 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->rebalance.min_return_chance, 0.25);
   EXPECT_EQ(back->forecast.pin_min_chance, 0.3);
   EXPECT_EQ(back->scaling.release_max_pinning_replicas, 1);
+  EXPECT_EQ(back->rebalance.spare_whole_min_chance, 0.2);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);

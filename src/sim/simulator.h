@@ -87,6 +87,10 @@ struct SimConfig {
   // off), and rebalancing ignores replica counts (replaces release_max_replicas). < 0: off.
   int32_t release_max_pinning_replicas = 0;
   double release_pin_min_chance = 0.1;
+  // With the forecast: an idle kernel at least this likely to return whose next cell is smaller
+  // than a server and only wholly idle servers cover moves next to a partly busy server with
+  // room (sched::RebalanceOptions::spare_whole_min_chance). < 0: off.
+  double rebalance_spare_whole_min_chance = 0.1;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
