@@ -152,14 +152,20 @@ TEST(SimTest, FixedClusterNeverScalesAndCellsWaitForGpus) {
   EXPECT_GE(r->delay_cdf_s.back(), 1800.0);
 }
 
-TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
-  // 20 idle notebookos sessions (60 replicas) on 8 hosts, no load: the auto-scaler wants 3 hosts.
-  // The reference only releases servers with <= 4 containers, so none of these goes.
+// `n` 1-GPU sessions idle for 3 hours, then one minute-long cell each.
+Workload IdleSessions(int n) {
   Workload w;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < n; ++i) {
     w.sessions.push_back(
         Session{"s" + std::to_string(i), 0, 3 * 3600000, 1, {{3 * 3600000 - 120000, 60000, 1}}});
   }
+  return w;
+}
+
+TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
+  // 20 idle notebookos sessions (60 replicas) on 8 hosts, no load: the auto-scaler wants 3 hosts.
+  // The reference only releases servers with <= 4 containers, so none of these goes.
+  Workload w = IdleSessions(20);
   SimOptions o = Opts(Policy::kNotebookOS);
   o.initial_hosts = 8;
   o.config.release_max_pinning_replicas = -1;  // the reference's rule, not the forecast's
@@ -177,11 +183,7 @@ TEST(SimTest, ScaleInSkipsServersHoldingManyReplicas) {
 TEST(SimTest, ScaleInByRelianceDrainsServersNoLikelyKernelReliesOnAlone) {
   // The same idle sessions: each kernel has 3 wholly idle servers for its 1-GPU cell, so none
   // relies on any one alone, and the default (forecast) rule drains down to the target.
-  Workload w;
-  for (int i = 0; i < 20; ++i) {
-    w.sessions.push_back(
-        Session{"s" + std::to_string(i), 0, 3 * 3600000, 1, {{3 * 3600000 - 120000, 60000, 1}}});
-  }
+  Workload w = IdleSessions(20);
   SimOptions o = Opts(Policy::kNotebookOS);
   o.initial_hosts = 8;
   ASSERT_GE(o.config.release_max_pinning_replicas, 0);
