@@ -207,9 +207,10 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     plan.plan.reason = "proactive: " +
                        std::string(sparing.contains(k) ? "only wholly idle replica servers of"
                                                        : "no replica server of") +
-                       " kernel '" + kernel.kernel_id + "' have " + std::to_string(k->gpus_needed) +
-                       " idle GPUs; " + target->server->server_id + " has " +
-                       std::to_string(target->server->IdleGpus());
+                       " kernel '" + kernel.kernel_id +
+                       (sparing.contains(k) ? "' have " : "' has ") +
+                       std::to_string(k->gpus_needed) + " idle GPUs; " + target->server->server_id +
+                       " has " + std::to_string(target->server->IdleGpus());
     plans.push_back(std::move(plan));
     ++target->relied;
     target->added += kernel.request;

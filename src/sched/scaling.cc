@@ -62,10 +62,8 @@ ScalingDecision Decide(const std::vector<const ServerView*>& servers, const Scal
     if (pinned <= options.release_max_pinning_replicas || !pins) idle.emplace_back(pinned, s);
   }
   std::sort(idle.begin(), idle.end(), [](const auto& x, const auto& y) {
-    const ServerView* a = x.second;
-    const ServerView* b = y.second;
-    return std::tie(x.first, a->subscribed.gpus, a->subscribed.millicpus, a->server_id) <
-           std::tie(y.first, b->subscribed.gpus, b->subscribed.millicpus, b->server_id);
+    return std::tuple_cat(std::tie(x.first), ReleaseOrder(*x.second)) <
+           std::tuple_cat(std::tie(y.first), ReleaseOrder(*y.second));
   });
   for (int64_t i = 0; i < surplus && i < static_cast<int64_t>(idle.size()); ++i) {
     decision.release_server_ids.push_back(idle[i].second->server_id);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sched/cluster.h"
@@ -27,6 +28,12 @@ struct ScalingOptions {
 // Replicas on an idle server that should keep it (e.g. of kernels likely to run a cell soon).
 using PinningCount = std::function<int32_t(const ServerView& server)>;
 
+// The order in which scale-in releases idle servers (smaller first): fewest subscribed GPUs,
+// then fewest subscribed millicpus, then server_id.
+inline auto ReleaseOrder(const ServerView& server) {
+  return std::tie(server.subscribed.gpus, server.subscribed.millicpus, server.server_id);
+}
+
 struct ScalingDecision {
   int32_t add_hosts = 0;
   // Idle servers to release, best first. The caller moves their standby replicas off (and marks
@@ -38,14 +45,13 @@ struct ScalingDecision {
 // load = committed GPUs over all servers; size = accepting servers (non-accepting ones are
 // already on their way out). Scale out to target when size < target, capped by max_hosts.
 // Otherwise release up to k accepting servers with no committed GPUs while size stays >= both
-// the limit and the target, fewest subscribed GPUs first, then fewest subscribed millicpus,
-// then server_id. Never both adds and releases. Predictive scale-in should wait for a full
-// SubscriptionRatio window; that gating is the caller's.
-// forecast_gpus (>= 0): GPUs idle kernels are expected to ask for soon (forecast.h), added to
-// the committed load for both the target and the limit.
-// pinning (with options.release_max_pinning_replicas >= 0): release candidates are only the idle
-// accepting servers with at most that many pinning replicas, ordered by that count first (then
-// as above). Called only for idle accepting servers, and only when some server may go.
+// the limit and the target, in ReleaseOrder. Never both adds and releases. Predictive scale-in
+// should wait for a full SubscriptionRatio window; that gating is the caller's. forecast_gpus (>=
+// 0): GPUs idle kernels are expected to ask for soon (forecast.h), added to the committed load for
+// both the target and the limit. pinning (with options.release_max_pinning_replicas >= 0): release
+// candidates are only the idle accepting servers with at most that many pinning replicas, ordered
+// by that count first (then as above). Called only for idle accepting servers, and only when some
+// server may go.
 ScalingDecision DecideScaling(const std::vector<ServerView>& servers,
                               const ScalingOptions& options = {}, double forecast_gpus = 0,
                               const PinningCount* pinning = nullptr);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -296,11 +295,7 @@ std::map<std::string_view, int32_t> Scheduler::ReliedOn() {
       const ServerView* server = cluster_.FindServer(r.server_id);
       if (server == nullptr || !server->accepting || server->IdleGpus() < need) continue;
       covered_by_busy = covered_by_busy || server->committed.gpus > 0;
-      if (kept == nullptr ||
-          std::tie(server->subscribed.gpus, server->subscribed.millicpus, server->server_id) >
-              std::tie(kept->subscribed.gpus, kept->subscribed.millicpus, kept->server_id)) {
-        kept = server;
-      }
+      if (kept == nullptr || ReleaseOrder(*server) > ReleaseOrder(*kept)) kept = server;
     }
     // One covered by none is rebalancing's to move, and pins nothing.
     if (kept != nullptr && !covered_by_busy) ++relied[kept->server_id];
