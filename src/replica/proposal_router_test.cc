@@ -156,7 +156,12 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
   // The leader is removed at a follower's request: it hands leadership over first.
   Status removed = routers[follower]->RemoveMember(members[leader].id, 30s);
   ASSERT_TRUE(removed.ok()) << removed.ToString();
-  for (int t = 0; t < 500 && nodes[3]->Leader().id == 0; ++t) std::this_thread::sleep_for(10ms);
+  // Node 3 may still name the old leader until it hears from the new one.
+  const auto new_leader_known = [&] {
+    const auto id = nodes[3]->Leader().id;
+    return id != 0 && id != members[leader].id;
+  };
+  for (int t = 0; t < 500 && !new_leader_known(); ++t) std::this_thread::sleep_for(10ms);
   const size_t new_leader = nodes[3]->Leader().id - 1;
   ASSERT_NE(new_leader, leader);
   std::vector<replication::ServerId> expected;
