@@ -8,7 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
+
+#include "common/work_queue.h"
 
 extern char** environ;
 
@@ -42,10 +45,24 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return out;
 }
 
-}  // namespace
+// The parent thread of every child: one worker, started on first use and never stopped. The kernel
+// sends a child's parent-death signal when the *thread* that forked it exits, so children of a
+// gRPC worker thread would die with that worker. Process-directed signals go to the threads that
+// expect them: the worker starts with every signal blocked.
+KeyedWorkQueue& Spawner() {
+  static KeyedWorkQueue* spawner = [] {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    auto* queue = new KeyedWorkQueue(1, "spawner");  // leaked: outlives every caller
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return queue;
+  }();
+  return *spawner;
+}
 
-Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
-                           int stdin_fd, int log_fd, const std::string& cwd) {
+Result<pid_t> SpawnNow(std::vector<std::string>& argv, std::vector<std::string>& envp, int stdin_fd,
+                       int log_fd, const std::string& cwd) {
   // posix_spawn (vfork-like in glibc) rather than fork: the daemon is multi-threaded (gRPC).
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -84,6 +101,17 @@ Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::stri
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Internal(fmt::format("cannot start {}: {}", argv[0], strerror(rc)));
   return pid;
+}
+
+}  // namespace
+
+Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
+                           int stdin_fd, int log_fd, const std::string& cwd) {
+  std::packaged_task<Result<pid_t>()> spawn(
+      [&] { return SpawnNow(argv, envp, stdin_fd, log_fd, cwd); });
+  std::future<Result<pid_t>> done = spawn.get_future();
+  Spawner().Post("spawn", [&spawn] { spawn(); });
+  return done.get();
 }
 
 std::vector<ProcessEntry> ListProcesses() {

@@ -19,7 +19,10 @@ std::vector<std::string> BuildEnvironment(
 
 // Starts `argv` in its own process group with default signal handling and mask, stdin from
 // `stdin_fd` (-1: /dev/null), stdout and stderr to `log_fd`, no other inherited descriptors, in
-// `cwd`. Returns the pid. Errors: Internal with errno's text.
+// `cwd`. Returns the pid. Errors: Internal with errno's text. The child's parent is one thread
+// that lives as long as this process, whichever thread calls: a parent-death signal the child
+// asks for (bubblewrap's --die-with-parent, PR_SET_PDEATHSIG) fires when this process exits, not
+// when the calling thread does (a gRPC worker thread ends when its pool shrinks).
 Result<pid_t> SpawnProcess(std::vector<std::string>& argv, std::vector<std::string>& envp,
                            int stdin_fd, int log_fd, const std::string& cwd);
 
