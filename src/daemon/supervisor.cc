@@ -307,6 +307,7 @@ bool Supervisor::Promote(Child& child) {
     child.info.pid = warm.pid;
     child.info.state = ReplicaState::kRunning;
     ++warm_stats_.promoted;
+    last_promotion_ = std::chrono::steady_clock::now();
     spdlog::info("replica {} started, pid {} (a warm process)", child.info.key.ToString(),
                  warm.pid);
     cv_.notify_all();  // the watch thread tops the pool up
@@ -372,6 +373,9 @@ void Supervisor::TendWarmPool() {
     warm_stats_.disabled = true;
   }
   if (warm_closed_ || warm_stats_.disabled) return;
+  // A replacement's exec and Python take a second or so of CPU, which the replicas just promoted
+  // need for their own start.
+  if (now - last_promotion_ < options_.warm_refill_delay) return;
   while (static_cast<int>(warm_.size()) < options_.warm_pool_size) {
     if (Status s = SpawnWarm(); !s.ok()) {
       spdlog::error("warm pool: {}", s.message());

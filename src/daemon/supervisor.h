@@ -9,7 +9,8 @@
 // its heavy modules already loaded; a process says "ready" on its stdin socket once they are).
 // A launch or restart takes one when there is one, a ready one first, sending it
 // the replica's arguments, environment, directory and log over its stdin, and then supervises it
-// like any other replica; the pool is topped up on the watch thread. Warm processes that keep
+// like any other replica; the pool is topped up on the watch thread, `warm_refill_delay` after
+// the last promotion (so as not to slow the replicas just promoted). Warm processes that keep
 // dying disable the pool (cold starts go on).
 //
 // Sandbox (sandbox.h): with `sandbox` set, every replica and warm process runs under bubblewrap
@@ -90,6 +91,7 @@ struct SupervisorOptions {
   int warm_pool_size = 0;
   std::string warm_dir;
   std::vector<std::string> warm_preload;  // Python modules they import ahead (--preload)
+  std::chrono::milliseconds warm_refill_delay{std::chrono::milliseconds(500)};
   // Sandboxing (see above).
   bool sandbox = false;
   SandboxPolicy sandbox_policy;  // env_passed without the blob store's (added per launch)
@@ -205,6 +207,7 @@ class Supervisor {
   std::deque<std::chrono::steady_clock::time_point> warm_deaths_;  // guarded by mu_
   uint64_t warm_spawned_ = 0;                                      // guarded by mu_
   bool warm_closed_ = false;                                       // guarded by mu_
+  std::chrono::steady_clock::time_point last_promotion_;           // guarded by mu_
   std::thread watcher_;
 };
 

@@ -318,6 +318,29 @@ TEST_F(SupervisorTest, LaunchesPromoteWarmProcessesAndThePoolIsToppedUp) {
   EXPECT_EQ(s->warm_pool().ready, 0) << "a stopped pool stays empty";
 }
 
+TEST_F(SupervisorTest, ThePoolIsToppedUpOnlyTheRefillDelayAfterAPromotion) {
+  options_.warm_pool_size = 1;
+  options_.warm_dir = tmp_.path() + "/warm";
+  options_.warm_refill_delay = 1500ms;
+  std::filesystem::create_directories(options_.warm_dir);
+  auto s = Make();
+  ASSERT_TRUE(Eventually([&] { return s->warm_pool().ready == 1; }))
+      << "the first fill does not wait";
+  ReplicaKey key{"k1", 1};
+  Prepare(*s, key);
+  const auto promoted_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Launch(*s, key, "sleep").ok());
+  ASSERT_EQ(s->warm_pool().promoted, 1u);
+  // Many watch rounds (25 ms each), none of which may start a replacement yet.
+  std::this_thread::sleep_for(400ms);
+  if (std::chrono::steady_clock::now() - promoted_at < 1500ms) {
+    WarmPoolStats pool = s->warm_pool();
+    EXPECT_EQ(pool.ready + pool.starting, 0);
+  }
+  ASSERT_TRUE(Eventually([&] { return s->warm_pool().ready == 1; }));
+  EXPECT_GE(std::chrono::steady_clock::now() - promoted_at, 1500ms);
+}
+
 TEST_F(SupervisorTest, WarmProcessesThatKeepDyingTurnThePoolOffAndLaunchesGoCold) {
   options_.warm_pool_size = 1;
   options_.max_restarts = 2;

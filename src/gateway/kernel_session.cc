@@ -40,6 +40,15 @@ constexpr Channel kChannels[] = {Channel::kShell, Channel::kControl, Channel::kS
                                  Channel::kIopub};
 constexpr size_t kPollItemsPerLink = 5;  // the four channels, then the heartbeat
 
+// A replica binds its sockets a moment after it starts, while the session connects at once: with
+// ZeroMQ's default 100 ms between attempts, every kernel start would wait up to that long for
+// its first answer. Retries start at 5 ms and double up to 1 s, so a replica that stays down is
+// not hammered.
+void SetQuickReconnect(zmq::socket_t& s) {
+  s.set(zmq::sockopt::reconnect_ivl, 5);
+  s.set(zmq::sockopt::reconnect_ivl_max, 1000);
+}
+
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              SteadyClock::now().time_since_epoch())
@@ -356,6 +365,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
       s = zmq::socket_t(
           context, channel == Channel::kIopub ? zmq::socket_type::sub : zmq::socket_type::dealer);
       s.set(zmq::sockopt::linger, 0);
+      SetQuickReconnect(s);
       s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.limits.max_message_bytes));
       // The shell and stdin identities must match: a kernel sends input_request to the stdin
       // identity of the shell requester.
@@ -367,6 +377,7 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
     }
     l.heartbeat = zmq::socket_t(context, zmq::socket_type::dealer);
     l.heartbeat.set(zmq::sockopt::linger, 0);
+    SetQuickReconnect(l.heartbeat);
     l.heartbeat.set(zmq::sockopt::sndhwm, 8);  // pings to a frozen replica do not pile up
     l.heartbeat.set(zmq::sockopt::maxmsgsize, int64_t{64});
     l.heartbeat.connect(c.Endpoint(c.hb_port));

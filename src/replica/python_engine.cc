@@ -19,15 +19,27 @@ EngineHost* g_host = nullptr;
 
 std::string PythonErrorText(py::error_already_set& e) { return e.what(); }
 
+py::object Compile(const char* name, const char* source) {
+  return py::module_::import("builtins")
+      .attr("compile")(source, std::string("<") + name + ">", "exec");
+}
+
+// Code a warm process compiled ahead (Preload), by module name, in the embedded `_nbos` module
+// (so that it goes with the interpreter).
+py::dict Precompiled() {
+  py::module_ nbos = py::module_::import("_nbos");
+  if (!py::hasattr(nbos, "_precompiled")) nbos.attr("_precompiled") = py::dict();
+  return nbos.attr("_precompiled");
+}
+
 // Defines module `name` from source compiled into the binary, so nbos needs no files beside it.
 py::module_ LoadModule(const char* name, const char* source) {
   py::module_ module = py::module_::import("types").attr("ModuleType")(name);
-  std::string filename = std::string("<") + name + ">";
-  module.attr("__file__") = filename;
+  module.attr("__file__") = std::string("<") + name + ">";
   py::module_::import("sys").attr("modules")[name] = module;
-  py::module_ builtins = py::module_::import("builtins");
-  py::object code = builtins.attr("compile")(source, filename, "exec");
-  builtins.attr("exec")(code, module.attr("__dict__"));
+  py::object code = Precompiled().attr("pop")(name, py::none());
+  if (code.is_none()) code = Compile(name, source);
+  py::module_::import("builtins").attr("exec")(code, module.attr("__dict__"));
   return module;
 }
 
@@ -108,6 +120,20 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
 // The interpreter Preload started, until Start adopts it.
 std::unique_ptr<py::scoped_interpreter> g_preloaded;
 
+namespace {
+
+// What nbos_engine.py and nbos_state.py import at their top, less the standard library's small
+// modules.
+constexpr const char* kEngineImports[] = {"IPython.core.interactiveshell",
+                                          "IPython.core.displayhook",
+                                          "IPython.core.displaypub",
+                                          "IPython.core.magic",
+                                          "IPython.core.error",
+                                          "pickletools",
+                                          "hashlib"};
+
+}  // namespace
+
 struct PythonEngine::Impl {
   std::unique_ptr<py::scoped_interpreter> interpreter;
   py::object engine;
@@ -116,12 +142,24 @@ struct PythonEngine::Impl {
 Status PythonEngine::Preload(const std::vector<std::string>& modules) {
   NBOS_CHECK(!g_preloaded && g_host == nullptr, "Preload once, before Start");
   g_preloaded = std::make_unique<py::scoped_interpreter>(/*init_signal_handlers=*/true);
-  for (const std::string& name : modules) {
+  // The engine's own imports (IPython's shell: most of a start's time) come first, whatever the
+  // daemon asks for: a promoted process then only builds its shell.
+  std::vector<std::string> all(std::begin(kEngineImports), std::end(kEngineImports));
+  all.insert(all.end(), modules.begin(), modules.end());
+  for (const std::string& name : all) {
     try {
       py::module_::import(name.c_str());
     } catch (py::error_already_set& e) {
       return Internal("preloading " + name + " failed: " + PythonErrorText(e));
     }
+  }
+  // Compiling the engine's sources has no effect but time; running them waits for the kernel's
+  // environment.
+  try {
+    Precompiled()["nbos_engine"] = Compile("nbos_engine", kNbosEngineSource);
+    Precompiled()["nbos_state"] = Compile("nbos_state", kNbosStateSource);
+  } catch (py::error_already_set& e) {
+    return Internal("compiling the engine failed: " + PythonErrorText(e));
   }
   return Status::Ok();
 }

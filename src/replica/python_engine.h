@@ -36,8 +36,10 @@ class EngineHost {
 class PythonEngine {
  public:
   // A warm replica process, before it knows its kernel: starts the interpreter on the calling
-  // thread (which must later call Start) and imports `modules`, so that Start is quick. At most
-  // once per process. Errors: Internal naming the module that failed to import.
+  // thread (which must later call Start), imports the engine's own modules (IPython's shell)
+  // and `modules`, and compiles the engine's sources, so that Start only runs them and builds
+  // the shell. At most once per process. Errors: Internal naming the module that failed to
+  // import.
   static Status Preload(const std::vector<std::string>& modules);
   // After Preload: makes `env` ("KEY=VALUE" entries) the whole environment, of the process and
   // of os.environ alike.
