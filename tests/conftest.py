@@ -6,6 +6,7 @@ touch the user's Jupyter configuration and always use the binary under test ($NB
 
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 
@@ -19,6 +20,23 @@ def nbos_bin():
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"nbos binary not found at {path}; build first or set NBOS_BIN")
     return path
+
+
+# Every temporary directory a test makes (kernelspecs, cluster state, Raft logs of stopped
+# replicas: often 100 MB and more each) goes under one directory that is removed when the session
+# ends, so repeated runs do not fill the disk. NBOS_KEEP_TEST_DIRS=1 keeps it for a look after.
+# Only Python's own tempfile calls move; the processes the tests start keep their TMPDIR.
+SESSION_TMP = tempfile.mkdtemp(prefix="nbos-tests-")
+os.chmod(SESSION_TMP, 0o755)  # as /tmp: sandboxed replicas below it run as other users
+tempfile.tempdir = SESSION_TMP
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("NBOS_KEEP_TEST_DIRS") == "1":
+        print(f"\nnbos: test directories kept in {SESSION_TMP}")
+        return
+    tempfile.tempdir = None
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def _install_kernelspec():

@@ -136,13 +136,8 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
   rollback.Commit();  // the old replica left the group: from here on the move stands
   m.session->RemoveReplica(plan.replica_id);
   clock.Step("leave");
-  spdlog::info("kernel {}: migration steps:{}", kernel_id, clock.steps());
-  // A lost server is not waited for: if it comes back, its replica belongs to no kernel and is
-  // stopped as an orphan.
-  if (auto from_client = registry_->Client(plan.from_server_id);
-      from_client && registry_->ServerAlive(plan.from_server_id)) {
-    StopReplica(*from_client, kernel_id, plan.replica_id, plan.from_server_id);
-  }
+  // The kernel is whole on its new servers: the scheduler learns so, and a held cell runs on them
+  // without waiting for the old process to exit.
   const auto took =
       std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - clock.started());
   if (auto meta = registry_->ReplaceReplica(kernel_id, plan.replica_id, m.prepared, took)) {
@@ -150,6 +145,17 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
       spdlog::error("kernel {}: recording the migration: {}", kernel_id, s.ToString());
     }
   }
+  clock.Step("record");
+  m.session->HoldExecutions(false);
+  hold.held = false;
+  // A lost server is not waited for: if it comes back, its replica belongs to no kernel and is
+  // stopped as an orphan.
+  if (auto from_client = registry_->Client(plan.from_server_id);
+      from_client && registry_->ServerAlive(plan.from_server_id)) {
+    StopReplica(*from_client, kernel_id, plan.replica_id, plan.from_server_id);
+    clock.Step("stop");
+  }
+  spdlog::info("kernel {}: migration steps:{}", kernel_id, clock.steps());
   return m.new_id;
 }
 
