@@ -1,7 +1,7 @@
 #include "common/spawn.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,8 +23,8 @@ bool ExitsWithin(pid_t pid, int ms) {
 
 TEST(SpawnProcessTest, AChildOutlivesTheThreadThatStartedIt) {
   // The child asks to be killed when its parent dies, as bubblewrap's --die-with-parent does.
-  std::vector<std::string> argv = {"/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/bin/sleep",
-                                   "30"};
+  std::vector<std::string> argv = {"/usr/bin/setpriv", "--pdeathsig", "KILL", "--",
+                                   "/bin/sleep",       "30"};
   std::vector<std::string> env = BuildEnvironment({});
   int log_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
   ASSERT_GE(log_fd, 0);
