@@ -393,6 +393,10 @@ def test_restart_catches_up_from_snapshot_and_checkpoint():
     try:
         check_cell(group.execute("import numpy as np\nacc = np.zeros(4)\nseen = []", 1), 1)
         group.replicas[3].kill()
+        # Process state changed once, long before the checkpoint the restarted replica gets: the
+        # checkpoint must carry it, as no journal record after it does.
+        check_cell(group.execute(f"import os, sys\nos.environ['NBOS_EARLY'] = 'yes'\n"
+                                 f"os.chdir({group.dir!r})\nsys.path.append('/nbos-early')", 1), 1)
         for i in range(12):
             target = 1 + i % 2
             check_cell(group.execute(f"acc += {i}\nseen.append({i})\nimport os\n"
@@ -405,9 +409,11 @@ def test_restart_catches_up_from_snapshot_and_checkpoint():
             time.sleep(0.2)
         group.assert_converged()
         assert "restoring the namespace from a snapshot" in group.replicas[3].stderr()
-        results = group.execute("print(acc[0], len(seen), os.environ['NBOS_STEP'])", 3)
+        results = group.execute(
+            "print(acc[0], len(seen), os.environ['NBOS_STEP'], os.environ.get('NBOS_EARLY'),\n"
+            "      os.getcwd(), sys.path[-1])", 3)
         reply, outputs = check_cell(results, 3)
-        assert stream_text(outputs) == "66.0 12 11\n"
+        assert stream_text(outputs) == f"66.0 12 11 yes {group.dir} /nbos-early\n"
     finally:
         group.close()
 

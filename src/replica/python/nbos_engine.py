@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import struct
 import sys
 import traceback
 import uuid
@@ -576,6 +577,32 @@ def _install_nbos_module():
     sys.modules["nbos"] = mod
 
 
+# A checkpoint that also carries the side effects so far: magic, u32 little-endian length of the
+# JSON that follows, the JSON, then nbos_state's snapshot. Checkpoints without side effects (and
+# those written before) are the bare snapshot.
+_CHECKPOINT_MAGIC = b"NBCK"
+
+
+def _merge_side_effects(state, changes):
+    """Folds one cell's side effects (see Engine._process_changes) into `state`, the sum of all
+    before it, in the same shape: applying `state` alone has the effect of applying them all."""
+    if "cwd" in changes:
+        state["cwd"] = changes["cwd"]
+    if "sys_path" in changes:
+        state["sys_path"] = changes["sys_path"]
+    for k, v in changes.get("env_set", {}).items():
+        state.setdefault("env_set", {})[k] = v
+        if k in state.get("env_unset", []):
+            state["env_unset"].remove(k)
+    for k in changes.get("env_unset", []):
+        state.get("env_set", {}).pop(k, None)
+        if k not in state.setdefault("env_unset", []):
+            state["env_unset"].append(k)
+    state.setdefault("replay", []).extend(changes.get("replay", []))
+    if not state["replay"]:
+        del state["replay"]
+
+
 class Engine:
     """One per process. C++ calls handle() on the main thread with the GIL held."""
 
@@ -593,6 +620,7 @@ class Engine:
         self.sync = None  # set by enable_replication
         self._delta = None
         self._side_effects = None
+        self._process_state = {}  # every side effect so far, merged (see _merge_side_effects)
         self._handlers = {
             "execute_request": self.execute,
             "complete_request": self.complete,
@@ -743,6 +771,7 @@ class Engine:
             print(problem.message(), file=sys.stderr)
         self._delta = delta
         self._side_effects = self._process_changes()
+        _merge_side_effects(self._process_state, self._side_effects)
 
     _REPLAYED = re.compile(r"^\s*[%!]\s*(pip|conda|mamba)\s+(install|uninstall)\b.*$",
                            re.MULTILINE)
@@ -788,6 +817,7 @@ class Engine:
 
     def apply_side_effects(self, changes_json):
         changes = json.loads(changes_json)
+        _merge_side_effects(self._process_state, changes)
         if "cwd" in changes:
             try:
                 os.chdir(changes["cwd"])
@@ -821,10 +851,22 @@ class Engine:
             shell.execution_count = count + 1
 
     def checkpoint(self):
-        return self.sync.snapshot()
+        """The namespace, and what all side effects so far add up to (cwd, environment,
+        sys.path, package installs): a replica restored from it gets both."""
+        snapshot = self.sync.snapshot()
+        if not self._process_state:
+            return snapshot
+        state = json.dumps(self._process_state).encode()
+        return _CHECKPOINT_MAGIC + struct.pack("<I", len(state)) + state + snapshot
 
     def restore(self, checkpoint, records):
         """Rebuilds the namespace: a checkpoint, then ("delta"|"side_effect", bytes) records."""
+        self._process_state = {}
+        if checkpoint[:4] == _CHECKPOINT_MAGIC:
+            (length,) = struct.unpack_from("<I", checkpoint, 4)
+            # First: the namespace may need the cwd, sys.path or packages to unpickle.
+            self.apply_side_effects(checkpoint[8:8 + length].decode())
+            checkpoint = checkpoint[8 + length:]
         if checkpoint:
             self._report_unrebuilt(self.sync.restore(checkpoint))
         for kind, payload in records:
