@@ -598,9 +598,8 @@ def _merge_side_effects(state, changes):
         state.get("env_set", {}).pop(k, None)
         if k not in state.setdefault("env_unset", []):
             state["env_unset"].append(k)
-    state.setdefault("replay", []).extend(changes.get("replay", []))
-    if not state["replay"]:
-        del state["replay"]
+    if changes.get("replay"):
+        state.setdefault("replay", []).extend(changes["replay"])
 
 
 class Engine:
