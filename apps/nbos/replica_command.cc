@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -138,17 +136,9 @@ int RunReplica(ReplicaArgs& a, const std::string& version) {
     }
     a.options.peers.push_back({id, peer.substr(eq + 1)});
   }
-  // The gate's threads must not take SIGINT (it interrupts the cell on the main thread).
-  sigset_t sigint;
-  sigemptyset(&sigint);
-  sigaddset(&sigint, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigint, nullptr);
-  auto gate = replica::ReplicaGate::Start(a.options);
-  if (!gate.ok()) {
-    std::cerr << "nbos replica: " << gate.status().ToString() << "\n";
-    return 1;
-  }
-  options->gate = gate->get();
+  options->start_gate = [gate_options = a.options] {
+    return replica::ReplicaGate::StartInBackground(gate_options);
+  };
   replica::RunKernel(*options);  // does not return
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <future>
 
 #include "common/ids.h"
 #include "gateway/replica_ops.h"
@@ -161,32 +162,51 @@ Status KernelManager::LaunchReplicas(const std::string& kernel_id,
     if (!c) return Unavailable("server " + id + " is not registered");
     clients.push_back(std::move(c));
   }
-  std::vector<StoredReplica> prepared;
-  std::vector<control::Peer> peers;
+  // The daemons are asked at once, one call per replica in each round: a start waits for the
+  // slowest daemon instead of the sum of them.
+  std::vector<std::future<Result<StoredReplica>>> preparing;
   for (size_t i = 0; i < server_ids.size(); ++i) {
     const uint32_t replica_id = k->meta.replicas.size() == server_ids.size()
                                     ? k->meta.replicas[i].replica_id
                                     : static_cast<uint32_t>(i + 1);
-    auto replica = PrepareReplica(*clients[i], k->meta, k->request, server_ids[i], replica_id);
-    if (!replica.ok()) return replica.status();
+    preparing.push_back(std::async(std::launch::async, [&, i, replica_id] {
+      return PrepareReplica(*clients[i], k->meta, k->request, server_ids[i], replica_id);
+    }));
+  }
+  std::vector<StoredReplica> prepared;
+  std::vector<control::Peer> peers;
+  Status failed;
+  for (auto& f : preparing) {
+    auto replica = f.get();
+    if (!replica.ok()) {
+      if (failed.ok()) failed = replica.status();
+      continue;
+    }
     control::Peer peer;
-    peer.set_replica_id(replica_id);
+    peer.set_replica_id(replica->replica_id);
     peer.set_raft_address(replica->raft_address);
     peers.push_back(peer);
     prepared.push_back(std::move(*replica));
   }
+  if (!failed.ok()) return failed;
   registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) { r.meta.replicas = prepared; });
   k->meta.replicas = prepared;
+  std::vector<std::future<Status>> launching;
   for (size_t i = 0; i < prepared.size(); ++i) {
-    auto launched =
-        clients[i]->LaunchReplica(LaunchRequest(k->meta, prepared[i].replica_id, peers));
-    if (!launched.ok()) {
+    launching.push_back(std::async(std::launch::async, [&, i]() -> Status {
+      auto launched =
+          clients[i]->LaunchReplica(LaunchRequest(k->meta, prepared[i].replica_id, peers));
+      if (launched.ok()) return Status::Ok();
       return Status(launched.status().code(),
                     fmt::format("launching replica {} on {}: {}", prepared[i].replica_id,
                                 server_ids[i], launched.status().message()));
-    }
+    }));
   }
-  return Status::Ok();
+  for (auto& f : launching) {
+    Status s = f.get();
+    if (failed.ok()) failed = s;
+  }
+  return failed;
 }
 
 void KernelManager::StopReplicas(const StoredKernel& meta) {

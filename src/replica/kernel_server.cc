@@ -127,6 +127,7 @@ class KernelServer final : public EngineHost {
   }
 
   KernelOptions options_;
+  std::unique_ptr<ExecutionGate> gate_;  // from options_.start_gate; null for `nbos kernel`
   jupyter::Signer signer_;
   jupyter::DecodeLimits limits_;
   std::mutex factory_mu_;
@@ -204,6 +205,7 @@ int KernelServer::Run() {
   if (!signer_.enabled()) {
     spdlog::warn("connection file has an empty key: messages are not authenticated");
   }
+  if (options_.start_gate) gate_ = options_.start_gate();
   if (const char* ppid = std::getenv("JPY_PARENT_PID"); ppid != nullptr) {
     parent_pid_ = static_cast<pid_t>(std::atoi(ppid));
   }
@@ -225,7 +227,7 @@ int KernelServer::Run() {
     exit_code = 1;
   } else {
     engine_ = std::move(*engine);
-    if (options_.gate != nullptr) options_.gate->Attach(engine_.get());
+    if (gate_ != nullptr) gate_->Attach(engine_.get());
     {
       std::lock_guard lock(info_mu_);
       kernel_info_ = engine_->kernel_info_json();
@@ -373,9 +375,9 @@ void KernelServer::ServeShell() {
     {
       PythonEngine::Unlocked nogil;
       // A replica also applies what its log delivers between requests.
-      ready = zmq_poll(items, 2, options_.gate != nullptr ? 50 : -1);
+      ready = zmq_poll(items, 2, gate_ != nullptr ? 50 : -1);
     }
-    if (options_.gate != nullptr) options_.gate->Pump();
+    if (gate_ != nullptr) gate_->Pump();
     if (ready < 0) {
       if (zmq_errno() == EINTR) continue;
       spdlog::error("shell poll failed: {}", zmq_strerror(zmq_errno()));
@@ -421,9 +423,8 @@ void KernelServer::HandleShell(Message request) {
     const std::string started = NowIsoUtc();
     if (is_execute) NoteExecutionStarted(request.header);
     Json metadata = Json::object();
-    std::string content = is_execute && options_.gate != nullptr
-                              ? ExecuteReplicated(request, &metadata)
-                              : RunInEngine(request, is_execute);
+    std::string content = is_execute && gate_ != nullptr ? ExecuteReplicated(request, &metadata)
+                                                         : RunInEngine(request, is_execute);
     if (!content.empty()) {
       if (is_execute) {
         Json parsed = Json::parse(content, nullptr, false);
@@ -435,8 +436,8 @@ void KernelServer::HandleShell(Message request) {
         // A replicated kernel's gateway applies stop_on_error itself and sends one execution at
         // a time, so what waits here was sent after it saw this failure: a lagging replica (one
         // back from a freeze, finishing a cancelled cell) must not abort it.
-        abort_queue = options_.gate == nullptr && status == "error" &&
-                      request.content.value("stop_on_error", true);
+        abort_queue =
+            gate_ == nullptr && status == "error" && request.content.value("stop_on_error", true);
       }
       // Requests that arrived while the failed cell ran are aborted; ones a client sends after
       // seeing this reply are not, so take them off the socket before replying.
@@ -473,7 +474,7 @@ std::string KernelServer::ExecuteReplicated(const Message& request, Json* metada
   auto ms_since = [](Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
-  ExecutionGate* gate = options_.gate;
+  ExecutionGate* gate = gate_.get();
   const auto received = Clock::now();
   auto decision = gate->Elect(request);
   if (!decision.ok()) return ErrorContent("ReplicationError", decision.status().message());
@@ -605,20 +606,19 @@ void KernelServer::HandleControl(Message request) {
   } else if (type == "interrupt_request") {
     Interrupt(/*whole_group=*/true);
     SendReply(socket, request, R"({"status":"ok"})");
-  } else if (type == "nbos_cancel_request" && options_.gate != nullptr) {
+  } else if (type == "nbos_cancel_request" && gate_ != nullptr) {
     // The executor of this execution is gone, or the kernel lost its majority: stop waiting.
     const Json exec_id =
         request.content.is_object() ? request.content.value("exec_id", Json()) : Json();
     const Json reason =
         request.content.is_object() ? request.content.value("reason", Json()) : Json();
-    const bool cancelled =
-        options_.gate->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
-                              reason.is_string() ? reason.get<std::string>() : "");
+    const bool cancelled = gate_->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
+                                         reason.is_string() ? reason.get<std::string>() : "");
     SendReply(socket, request, Dump(Json{{"status", "ok"}, {"cancelled", cancelled}}));
   } else if (type == "nbos_checkpoint_request") {
     // Suspending an idle kernel: its replicated state goes to the blob store.
-    auto key = options_.gate != nullptr
-                   ? options_.gate->SaveCheckpoint()
+    auto key = gate_ != nullptr
+                   ? gate_->SaveCheckpoint()
                    : Result<std::string>(InvalidArgument("this kernel is not replicated"));
     SendReply(socket, request,
               Dump(key.ok() ? Json{{"status", "ok"}, {"key", *key}}
@@ -635,10 +635,10 @@ void KernelServer::HandleControl(Message request) {
     auto change = ParseMembershipRequest(request.content);
     if (!change.ok()) {
       s = change.status();
-    } else if (options_.gate == nullptr) {
+    } else if (gate_ == nullptr) {
       s = InvalidArgument("this kernel is not replicated: it has no members to change");
     } else {
-      s = options_.gate->ChangeMembership(*change);
+      s = gate_->ChangeMembership(*change);
     }
     Json content{{"status", "ok"}};
     if (!s.ok()) {

@@ -4,6 +4,8 @@
 // interrupt and shutdown are answered while a cell runs.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "jupyter/connection_file.h"
@@ -18,8 +20,11 @@ struct KernelOptions {
   std::string log_level = "warn";
   int stream_flush_interval_ms = 200;
   size_t max_message_bytes = 512u << 20;
-  // Set for `nbos replica`: elections and state replication around every execution.
-  ExecutionGate* gate = nullptr;
+  // Set for `nbos replica`: makes the gate that puts elections and state replication around
+  // every execution. Called once, on the main thread with SIGINT blocked, once logging is set up
+  // and before the sockets are bound; the gate may still be starting when it returns
+  // (ReplicaGate::StartInBackground).
+  std::function<std::unique_ptr<ExecutionGate>()> start_gate;
 };
 
 // Serves until a shutdown_request (or the parent named by JPY_PARENT_PID exits), then ends the

@@ -321,10 +321,17 @@ struct ProposalRouter::Impl {
     std::lock_guard client_lock(change_client_mu);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     Status last = Unavailable("no leader");
+    // Retries come quickly at first: a leader that hands leadership over before its own removal
+    // answers kUnavailable, and its successor is known a few milliseconds later.
+    auto retry_after = 2ms;
+    auto pause = [&retry_after] {
+      std::this_thread::sleep_for(retry_after);
+      retry_after = std::min(retry_after * 2, std::chrono::milliseconds(50));
+    };
     while (std::chrono::steady_clock::now() < deadline && !stopping.load()) {
       replication::Member leader = node->Leader();
       if (leader.id == 0) {
-        std::this_thread::sleep_for(10ms);  // an election is under way
+        pause();  // an election is under way
         continue;
       }
       if (leader.address == self_address) {
@@ -335,7 +342,7 @@ struct ProposalRouter::Impl {
         }
         if (s.code() != StatusCode::kUnavailable) return s;
         last = s;
-        std::this_thread::sleep_for(20ms);
+        pause();
         continue;
       }
       const std::string endpoint = PeerEndpointFor(leader.address);
@@ -375,7 +382,7 @@ struct ProposalRouter::Impl {
         answered = true;
       }
       if (!answered) change_clients.erase(endpoint);  // stale answers must not confuse a retry
-      std::this_thread::sleep_for(50ms);
+      pause();
     }
     return Unavailable("membership change not completed in time: " + last.message());
   }

@@ -35,7 +35,54 @@ std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
   }
   return keys;
 }
+
+// A ReplicaGate whose start runs on another thread until the first call needs it.
+class BackgroundStartedGate final : public ExecutionGate {
+ public:
+  explicit BackgroundStartedGate(const ReplicaOptions& options)
+      : starting_(
+            std::async(std::launch::async, [options] { return ReplicaGate::Start(options); })) {}
+
+  void Attach(PythonEngine* engine) override { Gate().Attach(engine); }
+  Result<std::string> SaveCheckpoint() override { return Gate().SaveCheckpoint(); }
+  Result<Decision> Elect(const jupyter::Message& request) override { return Gate().Elect(request); }
+  Status Commit(const Decision& decision, const jupyter::Message& request,
+                const std::string& reply_content) override {
+    return Gate().Commit(decision, request, reply_content);
+  }
+  Result<std::string> Follow(const Decision& decision) override { return Gate().Follow(decision); }
+  void Pump() override { Gate().Pump(); }
+  bool Cancel(const std::string& exec_id, const std::string& reason) override {
+    return Gate().Cancel(exec_id, reason);
+  }
+  Json ReplyMetadata(const Decision& decision) override { return Gate().ReplyMetadata(decision); }
+  Status ChangeMembership(const MembershipChange& change) override {
+    return Gate().ChangeMembership(change);
+  }
+
+ private:
+  ReplicaGate& Gate() {
+    std::call_once(started_, [this] {
+      Result<std::unique_ptr<ReplicaGate>> gate = starting_.get();
+      if (!gate.ok()) {
+        spdlog::critical("{}", gate.status().ToString());
+        spdlog::default_logger()->flush();
+        std::_Exit(1);
+      }
+      gate_ = std::move(*gate);
+    });
+    return *gate_;
+  }
+
+  std::future<Result<std::unique_ptr<ReplicaGate>>> starting_;
+  std::once_flag started_;
+  std::unique_ptr<ReplicaGate> gate_;  // set once by Gate()
+};
 }  // namespace
+
+std::unique_ptr<ExecutionGate> ReplicaGate::StartInBackground(const ReplicaOptions& options) {
+  return std::make_unique<BackgroundStartedGate>(options);
+}
 
 ReplicaGate::ReplicaGate(const ReplicaOptions& options)
     : options_(options),

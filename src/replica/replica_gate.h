@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,12 @@ struct ReplicaOptions {
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
  public:
   static Result<std::unique_ptr<ReplicaGate>> Start(const ReplicaOptions& options);
+  // Runs Start on a thread of its own and returns at once, so that the Raft node's start (mostly
+  // waiting on the disk: C-Raft probes its data directory) overlaps the Python engine's. Each
+  // method of the returned gate first waits for that start; if it failed, the process writes
+  // why to stderr and exits with status 1 (no cell has run yet: Attach comes first). Call it
+  // with SIGINT blocked, as Start: the gate's threads inherit the mask.
+  static std::unique_ptr<ExecutionGate> StartInBackground(const ReplicaOptions& options);
   ~ReplicaGate() override;
 
   void Attach(PythonEngine* engine) override;
