@@ -4,9 +4,12 @@ Every suite runs against a kernelspec installed into a private JUPYTER_PATH, so 
 touch the user's Jupyter configuration and always use the binary under test ($NBOS_BIN).
 """
 
+import atexit
 import os
 import pathlib
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 
@@ -22,21 +25,68 @@ def nbos_bin():
     return path
 
 
+def port_is_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _ephemeral_start():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random(os.getpid())
+_PORTS_TAKEN = set()
+
+
+def free_ports(n, pairs=False):
+    """n distinct free loopback ports, never handed out before by this process (with `pairs`,
+    each port p also has p + 1 free and reserved). They come from below the kernel's ephemeral
+    range: a port from bind(0) is free at that moment, but any outgoing connection (Raft, Redis,
+    ZeroMQ, HTTP) may take it before the process under test binds it."""
+    ports = []
+    top = _ephemeral_start()
+    while len(ports) < n:
+        port = _PORTS.randrange(10000, top - 2)
+        wanted = (port, port + 1) if pairs else (port,)
+        if any(p in _PORTS_TAKEN or not port_is_free(p) for p in wanted):
+            continue
+        _PORTS_TAKEN.update(wanted)
+        ports.append(port)
+    return ports
+
+
 # Every temporary directory a test makes (kernelspecs, cluster state, Raft logs of stopped
 # replicas: often 100 MB and more each) goes under one directory that is removed when the session
 # ends, so repeated runs do not fill the disk. NBOS_KEEP_TEST_DIRS=1 keeps it for a look after.
 # Only Python's own tempfile calls move; the processes the tests start keep their TMPDIR.
-SESSION_TMP = tempfile.mkdtemp(prefix="nbos-tests-")
-os.chmod(SESSION_TMP, 0o755)  # as /tmp: sandboxed replicas below it run as other users
+# Helpers load this file a second time under another name (cluster.py, `from conftest import`
+# once pytest has put a suite's own conftest in its place): every copy in this process must use
+# the one directory that the copy pytest runs removes.
+_SESSION = os.environ.get("NBOS_TESTS_SESSION_TMP", "").partition(":")
+if _SESSION[0] == str(os.getpid()) and os.path.isdir(_SESSION[2]):
+    SESSION_TMP = _SESSION[2]
+else:
+    SESSION_TMP = tempfile.mkdtemp(prefix="nbos-tests-")
+    os.chmod(SESSION_TMP, 0o755)  # as /tmp: sandboxed replicas below it run as other users
+    os.environ["NBOS_TESTS_SESSION_TMP"] = f"{os.getpid()}:{SESSION_TMP}"
+    if os.environ.get("NBOS_KEEP_TEST_DIRS") != "1":
+        # At exit, not at the session's end: pytest's own exit handler still cleans its
+        # tmp_path directories in here, and handlers registered earlier run later.
+        atexit.register(shutil.rmtree, SESSION_TMP, ignore_errors=True)
 tempfile.tempdir = SESSION_TMP
 
 
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("NBOS_KEEP_TEST_DIRS") == "1":
         print(f"\nnbos: test directories kept in {SESSION_TMP}")
-        return
-    tempfile.tempdir = None
-    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 def _install_kernelspec():

@@ -34,7 +34,9 @@ struct RaftNodeOptions {
   unsigned install_snapshot_timeout_ms = 2000;
   // Between attempts to connect to a peer that is not listening yet (C-Raft's default, 1000 ms,
   // made every replica that starts after its peers, and every migration target, wait a second).
-  unsigned connect_retry_delay_ms = 50;
+  // A migration target starts listening some 50 ms after its launch, and what is sent to it waits
+  // for the next attempt: the delay is added to every join. A refused connection costs a SYN.
+  unsigned connect_retry_delay_ms = 10;
   // Proposals are submitted in batches, one batch at a time: at most this many entries each.
   size_t max_batch = 64;
   // After a batch commits with nothing else waiting, the leader appends a nudge (EncodeNudge) so

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,8 +18,8 @@ import nbformat
 import websocket
 
 
-def nbos_bin():
-    """The binary under test, as the top-level conftest.py finds it."""
+def _top_conftest():
+    """The top-level conftest.py, loaded under a name of its own (each suite has a conftest)."""
     import importlib.util
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conftest.py")
     spec = importlib.util.spec_from_file_location("nbos_tests_conftest", path)
@@ -29,13 +28,20 @@ def nbos_bin():
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-    return module.nbos_bin()
+    return module
+
+
+def nbos_bin():
+    """The binary under test, as the top-level conftest.py finds it."""
+    return _top_conftest().nbos_bin()
+
+
+def free_ports(n, pairs=False):
+    return _top_conftest().free_ports(n, pairs)
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def processes_under(path):

@@ -4,7 +4,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ for d in ("gateway", "notebooks", "conformance"):
     if os.path.join(TESTS, d) not in sys.path:
         sys.path.insert(0, os.path.join(TESTS, d))
 
-from cluster import Cluster, nbos_bin  # noqa: E402
+from cluster import Cluster, free_ports, nbos_bin  # noqa: E402
 
 RELAY_SPEC = "nbos-relay"
 
@@ -32,17 +31,6 @@ def install_relay_kernelspec(cluster, name=RELAY_SPEC, token=None):
     os.environ["JUPYTER_PATH"] = share + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     with open(os.path.join(share, "kernels", name, "kernel.json")) as f:
         return json.load(f)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def write_connection_file(key="relay-test-key"):

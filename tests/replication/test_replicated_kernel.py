@@ -20,46 +20,16 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from conftest import nbos_bin  # noqa: E402
+from conftest import free_ports, nbos_bin  # noqa: E402
 
 TIMEOUT = 60
 
 
 # Ports handed out by this process: a replica binds its ports only when it starts, so without
 # this two allocations made before that could return the same port.
-_TAKEN = set()
-
-
-def _free(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_ports(n):
-    """n distinct free loopback ports, never handed out before by this process."""
-    ports = []
-    while len(ports) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _TAKEN:
-            _TAKEN.add(port)
-            ports.append(port)
-    return ports
-
-
 def free_port_pair():
     """A loopback port p with p + 1 free too (a replica serves forwarded proposals there)."""
-    for _ in range(1000):
-        (port,) = free_ports(1)
-        if port < 65535 and port + 1 not in _TAKEN and _free(port + 1):
-            _TAKEN.add(port + 1)
-            return port
-    raise RuntimeError("no free port pair")
+    return free_ports(1, pairs=True)[0]
 
 
 def write_kernel_connection_file(path, key):
@@ -155,8 +125,12 @@ class Group:
         self.store_url = store_url or "dir://" + os.path.join(self.dir, "blobs")
         self.addresses = {i: f"127.0.0.1:{free_port_pair()}" for i in range(1, n + 1)}
         self.replicas = {i: Replica(self, i) for i in self.addresses}
-        for r in self.replicas.values():
-            r.start()
+        try:
+            for r in self.replicas.values():
+                r.start()
+        except BaseException:
+            self.close()  # the caller gets no group to close: stop the replicas started so far
+            raise
 
     def live(self):
         return [r for r in self.replicas.values() if r.alive()]
