@@ -8,6 +8,9 @@ the replica sandbox, in the same run.
          given time to refill between starts, so each start finds one per server)
   sandbox on: bubblewrap, a user id per kernel and a cgroup per replica (as root);
   sandbox off: replicas run as the daemon runs (the baseline)
+  burst  two kernels started at once (sandbox off) with a pool of 1 and of 2 per server: a pool
+         of 1 has one warm process for two starts, so one of them starts cold (the
+         time of each start is one sample)
 
 Each start is followed by a DELETE; both clusters are stopped at the end and checked for
 leftover processes. Run from the repository root:
@@ -18,6 +21,7 @@ Exit status 0 on success; 1 when a start fails or processes are left behind.
 """
 
 import argparse
+import concurrent.futures
 import os
 import statistics
 import sys
@@ -32,7 +36,13 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def measure(Cluster, warm_pool, starts, sandbox):
+def timed_start(c):
+    started = time.perf_counter()
+    kernel_id = c.start_kernel()
+    return kernel_id, (time.perf_counter() - started) * 1000
+
+
+def measure(Cluster, warm_pool, starts, sandbox, burst=1):
     c = Cluster(hosts=3, gpus_per_host=1,
                 extra=("--warm-pool", str(warm_pool), "--sandbox", sandbox))
     times_ms = []
@@ -45,12 +55,13 @@ def measure(Cluster, warm_pool, starts, sandbox):
                     if time.time() > deadline:
                         raise SystemExit("warm pools did not refill")
                     time.sleep(0.05)
-            started = time.perf_counter()
-            kernel_id = c.start_kernel()
-            times_ms.append((time.perf_counter() - started) * 1000)
-            status, _ = c.request("DELETE", f"/api/kernels/{kernel_id}")
-            if status != 204:
-                raise SystemExit(f"DELETE answered {status}")
+            with concurrent.futures.ThreadPoolExecutor(burst) as pool:
+                started = list(pool.map(lambda _: timed_start(c), range(burst)))
+            for kernel_id, ms in started:
+                times_ms.append(ms)
+                status, _ = c.request("DELETE", f"/api/kernels/{kernel_id}")
+                if status != 204:
+                    raise SystemExit(f"DELETE answered {status}")
         servers = c.get("/api/nbos/cluster")["servers"]
         launches = {k: sum(s["warm_pool"][k] for s in servers) for k in ("promoted", "cold")}
     finally:
@@ -75,6 +86,8 @@ def main():
     for name, pool in (("cold", 0), ("warm", 1)):
         for box in ("off", sandbox):
             results[f"{name}, sandbox {box}"] = measure(Cluster, pool, args.starts, box)
+    for pool in (1, 2):
+        results[f"burst of 2, pool {pool}"] = measure(Cluster, pool, args.starts, "off", burst=2)
     print(f"kernel start (POST /api/kernels until 3 replicas answer), {args.starts} starts each")
     print(f"{'':22} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8}  launches")
     for name, (times, launches) in results.items():
