@@ -34,27 +34,19 @@ def port_is_free(port):
             return False
 
 
-def _ephemeral_start():
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 _PORTS = random.Random(os.getpid())
 _PORTS_TAKEN = set()
 
 
 def free_ports(n, pairs=False):
     """n distinct free loopback ports, never handed out before by this process (with `pairs`,
-    each port p also has p + 1 free and reserved). They come from below the kernel's ephemeral
-    range: a port from bind(0) is free at that moment, but any outgoing connection (Raft, Redis,
-    ZeroMQ, HTTP) may take it before the process under test binds it."""
+    each port p also has p + 1 free and reserved). A port from bind(0) lies in the kernel's
+    ephemeral range, where any outgoing connection (Raft, Redis, ZeroMQ, HTTP) may take it before
+    the process under test binds it. These come from 10000-19999, below that range and below the
+    ports the daemons of `nbos up` hand out (20000-32767), as in src/common/test_ports.h."""
     ports = []
-    top = _ephemeral_start()
     while len(ports) < n:
-        port = _PORTS.randrange(10000, top - 2)
+        port = _PORTS.randrange(10000, 19999)
         wanted = (port, port + 1) if pairs else (port,)
         if any(p in _PORTS_TAKEN or not port_is_free(p) for p in wanted):
             continue

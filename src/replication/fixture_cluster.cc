@@ -1,11 +1,8 @@
 #include "replication/fixture_cluster.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include "common/test_ports.h"
 #include "replication/raft_fsm.h"
 
 namespace nbos::replication {
@@ -74,32 +71,10 @@ bool FixtureCluster::StepUntilApplied(unsigned i, raft_index index) {
   return raft_fixture_step_until_applied(&f_, i, index, kTimeout);
 }
 
-namespace {
-// Binds port (0 = any) on loopback; returns the bound port or -1. The socket stays open in *fd.
-int BindLoopback(int port, int* fd) {
-  *fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (bind(*fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
-  socklen_t len = sizeof(addr);
-  getsockname(*fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return ntohs(addr.sin_port);
-}
-}  // namespace
-
 int FreeLoopbackPortPair() {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd1 = -1, fd2 = -1;
-    int port = BindLoopback(0, &fd1);
-    bool ok = port > 0 && port < 65535 && BindLoopback(port + 1, &fd2) == port + 1;
-    close(fd1);
-    if (fd2 >= 0) close(fd2);
-    if (ok) return port;
-  }
-  ADD_FAILURE() << "no free loopback port pair";
-  return 0;
+  const int port = testing::FreeTestPort(2);
+  if (port == 0) ADD_FAILURE() << "no free loopback port pair";
+  return port;
 }
 
 }  // namespace nbos::replication

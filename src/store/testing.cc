@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/test_ports.h"
 #include "store/resident_buffer.h"
 
 namespace nbos::store {
@@ -130,18 +131,9 @@ Result<std::string> RedisCall(int port, const std::vector<std::string>& args, in
 }
 
 int FreeLocalPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  NBOS_CHECK(fd >= 0, "cannot open a socket to pick a port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  rc = rc == 0 ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) : rc;
-  ::close(fd);
-  NBOS_CHECK(rc == 0, "cannot bind a loopback port");
-  return ntohs(addr.sin_port);
+  const int port = nbos::testing::FreeTestPort();
+  NBOS_CHECK(port != 0, "no free loopback port");
+  return port;
 }
 
 namespace {

@@ -37,7 +37,7 @@ Result<std::string> RedisCall(int port, const std::vector<std::string>& args, in
 
 inline constexpr char kRedisServerBinary[] = "/usr/bin/redis-server";
 
-// A TCP port on 127.0.0.1 that nothing listened on a moment ago.
+// A TCP port on 127.0.0.1 that nothing listened on a moment ago (common/test_ports.h).
 int FreeLocalPort();
 
 // A real redis-server started on 127.0.0.1 with persistence off, killed when the object goes (and
