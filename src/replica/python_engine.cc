@@ -2,6 +2,7 @@
 
 #include <pybind11/embed.h>
 #include <pybind11/stl.h>
+#include <spdlog/spdlog.h>
 
 #include "common/check.h"
 #include "replica/nbos_engine_source.h"
@@ -92,6 +93,9 @@ PYBIND11_EMBEDDED_MODULE(_nbos, m) {
         return *has;
       });
 
+  // For standbys' diagnostics: the replica's log, never the user's output (fds 1 and 2 are
+  // captured and published with the request being followed).
+  m.def("log_warning", [](const std::string& text) { spdlog::warn("{}", text); });
   m.def("write_stream", [](const std::string& name, const std::string& text) {
     if (g_host) g_host->WriteStream(name, text);
   });

@@ -811,8 +811,7 @@ class Engine:
     def _report_unrebuilt(names):
         # Standbys publish nothing: this goes to the replica's log.
         if names:
-            print("nbos: could not rebuild on this replica: " + ", ".join(names),
-                  file=sys.__stderr__)
+            _nbos.log_warning("nbos: could not rebuild on this replica: " + ", ".join(names))
 
     def apply_side_effects(self, changes_json):
         changes = json.loads(changes_json)
@@ -821,8 +820,8 @@ class Engine:
             try:
                 os.chdir(changes["cwd"])
             except OSError as e:
-                print(f"nbos: cannot change to {changes['cwd']} on this replica: {e}",
-                      file=sys.__stderr__)
+                # The replica's log: fd 2 is captured and would reach the user's output.
+                _nbos.log_warning(f"nbos: cannot change to {changes['cwd']} on this replica: {e}")
         os.environ.update(changes.get("env_set", {}))
         for k in changes.get("env_unset", []):
             os.environ.pop(k, None)
