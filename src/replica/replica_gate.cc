@@ -338,6 +338,13 @@ Status ReplicaGate::Propose(KernelEntry entry) {
   return r.ok() ? Status::Ok() : r.status();
 }
 
+bool ReplicaGate::IsMember(ReplicaId id) {
+  if (id == 0) return false;
+  for (const replication::Member& m : node_->Members())
+    if (m.id == id) return true;
+  return false;
+}
+
 Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& request) {
   const Json nbos = request.metadata.value("nbos", Json::object());
   Decision d;
@@ -345,14 +352,20 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
                   ? nbos["exec_id"].get<std::string>()
                   : request.msg_id();
   bool lead = true;
+  ReplicaId target = 0;
   if (nbos.is_object() && nbos.contains("target_replica")) {
     // An operator or the scheduler chose the executor; everyone else steps aside.
-    lead = nbos["target_replica"].is_number_unsigned() &&
-           nbos["target_replica"].get<ReplicaId>() == options_.replica_id;
+    if (nbos["target_replica"].is_number_unsigned()) target = nbos["target_replica"];
+    lead = target == options_.replica_id;
   }
-  KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
-                       options_.replica_id, Json::object(), ""};
-  if (Status s = Propose(std::move(proposal)); !s.ok()) return s;
+  // A YIELD decides nothing while a member was targeted: only its LEAD ends the election (or
+  // a cancel, if it is gone), so the others wait without adding two entries to every cell's
+  // round. A target that is no member gets the YIELDs that fail the election.
+  if (lead || !IsMember(target)) {
+    KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
+                         options_.replica_id, Json::object(), ""};
+    if (Status s = Propose(std::move(proposal)); !s.ok()) return s;
+  }
   bool decided =
       WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
   std::lock_guard lock(mu_);

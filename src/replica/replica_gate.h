@@ -116,6 +116,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Encodes `entry` with the next proposal id; every retry of it re-sends the same bytes.
   std::string EncodeWithId(KernelEntry entry);
   Status Propose(KernelEntry entry);
+  // Whether `id` is in the Raft configuration this member knows (any role).
+  bool IsMember(ReplicaId id);
   void MaybeCheckpoint();
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);

@@ -5,6 +5,7 @@ namespaces are equal (per-name digests from nbos_namespace_request), that only t
 produces output, and what happens when replicas die.
 """
 
+import json
 import os
 import pathlib
 import signal
@@ -288,6 +289,33 @@ def test_all_replicas_yield(group):
         assert reply["content"]["ename"] == "NoReplicaCanExecute"
     results = group.execute("z = 2", 1)
     check_cell(results, 1)
+
+
+def election_table(group, replica):
+    """The elections `replica` has applied, by execution id: the first entry of a checkpoint of
+    its replicated state (u32 size, then format, type, u32 header size, JSON header)."""
+    reply = group.replicas[replica].request("nbos_checkpoint_request", {}, channel="control")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    key = reply["content"]["key"]
+    data = pathlib.Path(group.dir, "blobs", key[:2], key).read_bytes()
+    entry = data[4:4 + int.from_bytes(data[:4], "big")]
+    header = json.loads(entry[6:6 + int.from_bytes(entry[2:6], "big")])
+    return {e["id"]: e for e in header["meta"]["elections"]}
+
+
+def test_only_the_targeted_replica_proposes_in_an_election(group):
+    """A targeted member's LEAD alone decides its election, so the others add no YIELD to the
+    log; a target that is no member still gets every replica's YIELD, which fails the election."""
+    exec_ids = {}
+    for target in (1, 2, 99):
+        exec_ids[target], sent = group.send_execute("pass", target)
+        group.collect(sent)
+    elections = election_table(group, 3)
+    for target in (1, 2):
+        e = elections[exec_ids[target]]
+        assert (e["winner"], e["leads"], e["yields"]) == (target, [target], []), e
+    e = elections[exec_ids[99]]
+    assert e["failed"] and sorted(e["yields"]) == [1, 2, 3] and not e["leads"], e
 
 
 def test_standby_killed_and_restarted_catches_up(group):

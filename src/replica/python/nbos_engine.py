@@ -749,16 +749,30 @@ class Engine:
         # The live dict, so names IPython hides later are skipped too.
         self.sync = nbos_state.StateSync(self.shell.user_ns, self.shell.user_ns_hidden, store,
                                          replica_id=replica_id)
+        # _begin_sync needs the transformed source before run_cell transforms the same cell:
+        # run_cell gets the result of the first call instead of transforming twice.
+        self._transformed = None
+        transform = self.shell.transform_cell
+
+        def transform_once(raw_cell):
+            memo, self._transformed = self._transformed, None
+            if memo is not None and memo[0] is raw_cell:
+                return memo[1]
+            return transform(raw_cell)
+
+        self.shell.transform_cell = transform_once
 
     def _begin_sync(self, code):
         if self.sync is None:
             return None
         try:
             source = self.shell.transform_cell(code)
+            self._transformed = (code, source)
         except Exception:
             source = code
         # Process state outside the namespace that cells change and users rely on.
-        self._process_before = (os.getcwd(), dict(os.environ), list(sys.path))
+        # os.environ's encoded mapping: copied at C speed, decoded only where the cell changed it.
+        self._process_before = (os.getcwd(), os.environ._data.copy(), list(sys.path))
         self._cell_code = code
         return self.sync.begin(source)
 
@@ -782,13 +796,15 @@ class Engine:
         changes = {}
         if os.getcwd() != cwd:
             changes["cwd"] = os.getcwd()
-        now = dict(os.environ)
-        env_set = {k: v for k, v in now.items() if env.get(k) != v}
-        env_unset = [k for k in env if k not in now]
-        if env_set:
-            changes["env_set"] = env_set
-        if env_unset:
-            changes["env_unset"] = env_unset
+        now = os.environ._data
+        if now != env:
+            key, value = os.environ.decodekey, os.environ.decodevalue
+            env_set = {key(k): value(v) for k, v in now.items() if env.get(k) != v}
+            env_unset = [key(k) for k in env if k not in now]
+            if env_set:
+                changes["env_set"] = env_set
+            if env_unset:
+                changes["env_unset"] = env_unset
         if list(sys.path) != path:
             changes["sys_path"] = list(sys.path)
         replay = [m.group(0).strip() for m in self._REPLAYED.finditer(self._cell_code)]

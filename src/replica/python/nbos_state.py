@@ -12,7 +12,8 @@ API
 
     cell = sync.begin(code)         # before the cell runs; `code` is the *transformed* Python
                                     # source (IPython's transform_cell output)
-    delta, problems = sync.end(cell)  # after the cell ran (also after it raised)
+    delta, problems = sync.end(cell)  # after the cell ran (also after it raised); b"" when the
+                                      # cell bound, changed and deleted no name
         # problems: list of Unreplicable(name, reason) 2-tuples with .type_name and .message(),
         #   e.g. "nbos: cannot replicate 'f' (TextIOWrapper): open file objects cannot be
         #   replicated". A problem is reported once per (name, object); the delta still carries
@@ -211,11 +212,22 @@ _HIDDEN_RE = re.compile(r"_+|_i+|_i\d+|_\d+|_[oid]h|__\w*__")
 _DEFAULT_HIDDEN = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
 
+# Name -> whether IPython's conventions hide it: a function of the name alone, asked for every
+# name of the namespace twice per cell, where the regular expression was most of the cost.
+_HIDDEN_BY_CONVENTION = {}
+
+
 def is_hidden_name(name, hidden=()):
     """True for names that are IPython's (or the caller's hidden set), never replicated."""
-    if not isinstance(name, str) or name in hidden or name in _DEFAULT_HIDDEN:
+    if not isinstance(name, str) or name in hidden:
         return True
-    return name[:1] == "_" and _HIDDEN_RE.fullmatch(name) is not None
+    by_convention = _HIDDEN_BY_CONVENTION.get(name)
+    if by_convention is None:
+        by_convention = name in _DEFAULT_HIDDEN or (
+            name[:1] == "_" and _HIDDEN_RE.fullmatch(name) is not None)
+        if len(_HIDDEN_BY_CONVENTION) < 100_000:
+            _HIDDEN_BY_CONVENTION[name] = by_convention
+    return by_convention
 
 
 # ------------------------------------------------------------------------------------------
@@ -1846,13 +1858,18 @@ class StateSync:
                 problems.append(Unreplicable(n, reason, type_name))
         for n in itertools.chain(values, deleted):
             self._reported.pop(n, None)
+        if not values and not deleted and not bad:
+            return b"", problems
         return self._pack(KIND_DELTA, values, deleted, dumped, bad), problems
 
     def apply(self, delta):
         """Apply a delta produced by another replica's end() to this namespace.
 
         Returns [Unreplicable(name, reason)] for names whose value could not be rebuilt here
-        (normally empty); those names are bound to NotReplicated placeholders."""
+        (normally empty); those names are bound to NotReplicated placeholders. b"" (a cell that
+        changed no name) changes nothing."""
+        if not len(delta):
+            return []
         header, payload = _unpack(delta)
         if header["kind"] != "delta":
             raise DeltaFormatError("apply() got a snapshot; use restore()")

@@ -366,9 +366,19 @@ def test_syntax_error_gives_empty_delta():
     c.run("x = 1")
     cell = c.sync.begin("x = (")
     delta, problems = c.sync.end(cell)
-    h = describe(delta)
-    assert (h["set"], h["del"], h["bad"], problems) == ([], [], [], [])
-    c.standbys[0][1].apply(delta)
+    assert (delta, problems) == (b"", [])
+    assert c.standbys[0][1].apply(delta) == []
+    c.assert_in_sync()
+
+
+def test_a_cell_that_changes_no_name_gives_an_empty_delta():
+    c = Cluster()
+    c.run("x = [1]\ny = 2")
+    for code in ("pass", "x[0]", "print(y)", "z = y; del z"):
+        delta, problems = c.run(code)
+        assert (delta, problems) == (b"", []), code
+    delta, _ = c.run("x.append(3)")  # a change in place is still one
+    assert describe(delta)["set"] == ["x"]
     c.assert_in_sync()
 
 
