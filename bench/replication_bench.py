@@ -627,6 +627,8 @@ def phase_large(group, store_label, args, scratch_dir, redis, tensors_by_mb):
     leader, follower, probe = find_leader(eps, args.timeout, sh)
     log(f"  {store_label}: Raft leader looks like replica {leader} (median `pass` commit ms by"
         f" replica: { {k: round(v, 1) for k, v in probe.items()} })")
+    if args.pin:
+        pin_replicas(eps, leader)
     run_cell(eps, "import time\nimport torch", leader, t_big, sh)  # not what we measure
     # Warm-up: one small round through the same code paths (4 MiB).
     run_cell(eps, "ws = [torch.randn(1024, 1024)]", leader, t_big, sh)
@@ -638,6 +640,20 @@ def phase_large(group, store_label, args, scratch_dir, redis, tensors_by_mb):
         r.update({"store": store_label, "leader_probe_commit_ms": probe})
         out[f"{store_label} {mb} MB"] = r
     return out
+
+
+def pin_replicas(eps, executor):
+    """Every thread of the executor's process on CPU 0, every standby thread on the other CPUs;
+    threads started later inherit their creator's CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise BenchError("--pin needs at least 2 CPUs")
+    for rid, ep in eps.items():
+        mask = {cpus[0]} if rid == executor else set(cpus[1:])
+        for tid in os.listdir(f"/proc/{ep.proc.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), mask)
+    log(f"  pinned: executor (replica {executor}) on CPU {cpus[0]}, standbys on {cpus[1:]}")
 
 
 def large_size(group, eps, store_label, args, scratch_dir, redis, bench_tensors, large_mb,
@@ -731,7 +747,8 @@ def report(res):
     meta = res["meta"]
     out.append(f"nbos {meta['nbos']}; {meta['cpus']} CPUs; python {meta['python']};"
                f" N={meta['iterations']} (+{meta['warmup']} warm-up) per series, each cell"
-               f" alternating with the standalone kernel; store_history={meta['store_history']}")
+               f" alternating with the standalone kernel; store_history={meta['store_history']};"
+               f" blob hints {meta.get('blob_hints')}; pinned {meta.get('pin')}")
     probe = meta.get("leader_probe_commit_ms")
     if probe:
         out.append("Raft leader probe (median `pass` commit ms by executor replica): " +
@@ -883,6 +900,11 @@ def parse_args(argv):
                    help="per-request timeout for large cells, seconds (600)")
     p.add_argument("--no-store-history", dest="store_history", action="store_false",
                    help="send store_history=false (skips IPython's sqlite history writes)")
+    p.add_argument("--blob-hints", choices=("on", "off"), default="off",
+                   help="replicas' --blob-hints (default off, as nbos's)")
+    p.add_argument("--pin", action="store_true",
+                   help="large cells: the executor's threads on CPU 0, the standbys' on the "
+                        "others (standbys not sharing the executor's core, as on other servers)")
     p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, stores)")
     a = p.parse_args(argv)
@@ -896,6 +918,7 @@ def parse_args(argv):
         p.error("--large-mb: a comma-separated list of whole MB")
     a.repeats = a.repeats if a.repeats is not None else (1 if q else 3)
     a.stores = [s.strip() for s in a.stores.split(",") if s.strip()]
+    os.environ["NBOS_BLOB_HINTS"] = a.blob_hints  # read by the replicas the test Group starts
     a.phases = [s.strip() for s in a.phases.split(",") if s.strip()]
     if any(s not in ("dir", "shm", "redis") for s in a.stores):
         p.error("--stores: choose from dir, shm, redis")
@@ -924,7 +947,7 @@ def run(args, workdir):
         "host": platform.node(), "iterations": args.iterations, "warmup": args.warmup,
         "large_mb": args.large_mb, "large_tensors": args.large_tensors,
         "repeats": args.repeats, "stores": args.stores, "phases": args.phases,
-        "store_history": args.store_history,
+        "store_history": args.store_history, "blob_hints": args.blob_hints, "pin": args.pin,
         "unix_time": time.time(),
         "definitions": {
             "rtt": "execute_request sent (to all replicas) -> the executor's execute_reply"

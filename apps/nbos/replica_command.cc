@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -52,6 +53,13 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
   cmd.add_option("--snapshot-threshold", a.options.snapshot_threshold,
                  "Raft entries between log snapshots")
       ->capture_default_str();
+  cmd.add_option("--blob-hints", a.options.blob_hints,
+                 "on or off: as the executor, announce each large blob a cell stores as soon as "
+                 "it is stored, so that standbys fetch it during the cell's other writes")
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("off")
+      ->envname("NBOS_BLOB_HINTS");
   cmd.add_option("--restore-from", a.options.restore_from,
                  "Blob key of a checkpoint (nbos_checkpoint_request) a new group starts from")
       ->envname("NBOS_RESTORE_FROM");

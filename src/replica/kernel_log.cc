@@ -23,10 +23,21 @@ bool GetU32(std::string_view* in, uint32_t* v) {
   return true;
 }
 
-bool ValidType(uint8_t t) { return t >= 1 && t <= 6; }
+bool ValidType(uint8_t t) { return t >= 1 && t <= 7; }
 
 bool Contains(const std::vector<ReplicaId>& v, ReplicaId r) {
   return std::find(v.begin(), v.end(), r) != v.end();
+}
+
+// The non-empty lines of `text`.
+std::vector<std::string> SplitLines(std::string_view text) {
+  std::vector<std::string> lines;
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    if (end > 0) lines.emplace_back(text.substr(0, end));
+    text.remove_prefix(std::min(end + 1, text.size()));
+  }
+  return lines;
 }
 
 }  // namespace
@@ -153,6 +164,9 @@ void KernelStateMachine::Apply(std::string_view command) {
       journal_.push_back({e.type, e.exec_id, e.payload});
       ++journal_total_;
       if (listener_) listener_->OnSideEffect(e.exec_id, journal_.back().payload);
+      return;
+    case KernelEntry::Type::kBlobHint:
+      if (listener_) listener_->OnBlobHint(e.exec_id, e.replica, SplitLines(e.payload));
       return;
     case KernelEntry::Type::kDone:
       ++executions_done_;

@@ -37,6 +37,8 @@ struct KernelEntry {
     kCheckpoint = 5,  // a full namespace snapshot (payload) standing for the first
                       // meta.covers journal records
     kSideEffect = 6,  // a statement every replica replays (%cd, os.environ...) (payload)
+    kBlobHint = 7,    // blobs the executing cell has stored so far, its delta still to come
+                      // (payload: keys, one per line); a hint, never part of the state
   };
   Type type = Type::kLead;
   std::string exec_id;  // one attempt at one execution, named by the caller
@@ -98,6 +100,10 @@ class KernelStateMachine final : public replication::StateMachine {
     virtual void OnSideEffect(const std::string& exec_id, const std::string& statement) = 0;
     virtual void OnDone(const std::string& exec_id, ReplicaId executor,
                         const jupyter::Json& meta) = 0;
+    // kBlobHint: `executor`, running `exec_id`, has stored these blobs (valid keys or not: the
+    // entry is only a hint). Changes no state, is not journaled and is not in snapshots.
+    virtual void OnBlobHint(const std::string& /*exec_id*/, ReplicaId /*executor*/,
+                            const std::vector<std::string>& /*keys*/) {}
     // A checkpoint now stands for the first `covers` journal records ever appended.
     virtual void OnCheckpoint(uint64_t covers) = 0;
     // The whole state was replaced (catch-up from a snapshot): rebuild the namespace from the

@@ -34,6 +34,12 @@ class Recorder final : public KernelStateMachine::Listener {
     events.push_back("restored " + checkpoint + " +" + std::to_string(journal.size()) + "/" +
                      std::to_string(total));
   }
+  void OnBlobHint(const std::string& id, ReplicaId executor,
+                  const std::vector<std::string>& keys) override {
+    std::string text = "hint " + id + " " + std::to_string(executor);
+    for (const auto& k : keys) text += " " + k;
+    events.push_back(text);
+  }
   void OnDuplicateSkipped(const KernelEntry& entry) override { skipped.push_back(entry.id); }
   std::vector<std::string> events;
   std::vector<std::string> skipped;  // proposal ids, not decisions
@@ -147,6 +153,31 @@ TEST(KernelStateMachineTest, CheckpointReplacesJournal) {
   m.Apply(Delta("e3", 2, "d3"));
   EXPECT_EQ(m.journal().size(), 1u);
   EXPECT_EQ(m.journal_total(), 3u);
+}
+
+// A blob hint reaches the listener with its keys and changes nothing else: no journal record,
+// nothing in a snapshot, no effect on the execution's election or completion.
+TEST(KernelStateMachineTest, BlobHintsAreSeenButLeaveNoState) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Lead("e1", 2));
+  const std::string empty_snapshot = KernelStateMachine(3, nullptr).Snapshot();
+  KernelStateMachine before(3, nullptr);
+  before.Apply(Lead("e1", 2));
+  m.Apply(EncodeKernelEntry(
+      {KernelEntry::Type::kBlobHint, "e1", 2, Json::object(), "key-a\nkey-b\n\nkey-c"}));
+  m.Apply(EncodeKernelEntry({KernelEntry::Type::kBlobHint, "e1", 2, Json::object(), ""}));
+  EXPECT_TRUE(m.journal().empty());
+  EXPECT_EQ(m.journal_total(), 0u);
+  EXPECT_EQ(m.executions_done(), 0u);
+  EXPECT_EQ(m.Snapshot(), before.Snapshot());
+  EXPECT_NE(m.Snapshot(), empty_snapshot);
+  m.Apply(Delta("e1", 2, "d1"));
+  m.Apply(Done("e1", 2));
+  EXPECT_EQ(r.events,
+            (std::vector<std::string>{"elected e1 2", "hint e1 2 key-a key-b key-c", "hint e1 2",
+                                      "delta e1 2 d1", "done e1 2 {\"status\":\"ok\"}"}));
+  EXPECT_EQ(m.malformed_entries(), 0u);
 }
 
 // A checkpoint taken after its author applied N records keeps the records committed after N.

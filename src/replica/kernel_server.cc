@@ -93,6 +93,8 @@ class KernelServer final : public EngineHost {
 
  private:
   Status Bind();
+  // Stops the threads Run started and closes the sockets; the engine has shut down.
+  void TearDown();
   void ServeShell();
   void ServeControl();
   void ServeHeartbeat();
@@ -236,6 +238,14 @@ int KernelServer::Run() {
     engine_->Shutdown();
   }
 
+  TearDown();
+  spdlog::info("kernel exiting");
+  spdlog::default_logger()->flush();
+  capture_.reset();
+  return exit_code;
+}
+
+void KernelServer::TearDown() {
   stopping_ = true;
   capture_->Drain();
   FlushStreams();
@@ -261,10 +271,6 @@ int KernelServer::Run() {
     spdlog::warn("dropped {} messages with invalid signatures and {} malformed messages", rejected,
                  malformed);
   }
-  spdlog::info("kernel exiting");
-  spdlog::default_logger()->flush();
-  capture_.reset();
-  return exit_code;
 }
 
 Status KernelServer::Bind() {

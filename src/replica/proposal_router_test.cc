@@ -21,6 +21,18 @@ using replication::ListMachine;
 using replication::Member;
 using replication::RaftNode;
 
+// Index in the test's arrays (id - 1) of the member `node` takes for the leader. Under load an
+// election may be under way, when no leader is known: this waits up to 5 s for one and returns
+// SIZE_MAX if none came, which the caller asserts against before indexing with it.
+size_t KnownLeaderIndex(RaftNode& node) {
+  for (int t = 0; t < 500; ++t) {
+    const replication::ServerId id = node.Leader().id;
+    if (id != 0) return id - 1;
+    std::this_thread::sleep_for(10ms);
+  }
+  return SIZE_MAX;
+}
+
 TEST(ProposalRouterTest, PeerEndpointIsRaftPortPlusOne) {
   EXPECT_EQ(PeerEndpointFor("127.0.0.1:9000"), "tcp://127.0.0.1:9001");
   EXPECT_EQ(PeerEndpointFor("nonsense"), "");
@@ -62,9 +74,9 @@ TEST(ProposalRouterTest, AnyMemberCommitsThroughTheLeaderAcrossLeaderChanges) {
   EXPECT_EQ(forwarded, 6u);  // two of three members were followers each round
 
   // A follower asks for leadership and gets it; asking again as leader is a no-op.
-  const replication::ServerId old_leader = nodes[0]->Leader().id;
-  const size_t follower = old_leader % 3;  // index of member old_leader + 1 (mod 3)
-  ASSERT_NE(members[follower].id, old_leader);
+  const size_t old_leader = KnownLeaderIndex(*nodes[0]);
+  ASSERT_LT(old_leader, 3u);
+  const size_t follower = (old_leader + 1) % 3;
   Status handed = routers[follower]->RequestLeadership(members[follower].id, 5s);
   ASSERT_TRUE(handed.ok()) << handed.ToString();
   for (int t = 0; t < 500 && nodes[follower]->Leader().id != members[follower].id; ++t)
@@ -73,7 +85,8 @@ TEST(ProposalRouterTest, AnyMemberCommitsThroughTheLeaderAcrossLeaderChanges) {
   EXPECT_TRUE(routers[follower]->RequestLeadership(members[follower].id, 5s).ok());
 
   // The leader goes away; the survivors' proposals follow the new leader.
-  size_t leader = nodes[0]->Leader().id - 1;
+  const size_t leader = KnownLeaderIndex(*nodes[0]);
+  ASSERT_LT(leader, 3u);
   routers[leader].reset();
   nodes[leader].reset();
   size_t survivor = (leader + 1) % 3;
@@ -126,7 +139,8 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
   EXPECT_TRUE(nodes[3]->Members().empty());
 
   // Added through a follower; the answer comes once it is a voter.
-  const size_t leader = nodes[0]->Leader().id - 1;
+  const size_t leader = KnownLeaderIndex(*nodes[0]);
+  ASSERT_LT(leader, 3u);
   const size_t follower = (leader + 1) % 3;
   Status added = routers[follower]->AddMember(members[3], 30s);
   ASSERT_TRUE(added.ok()) << added.ToString();
@@ -162,7 +176,8 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
     return id != 0 && id != members[leader].id;
   };
   for (int t = 0; t < 500 && !new_leader_known(); ++t) std::this_thread::sleep_for(10ms);
-  const size_t new_leader = nodes[3]->Leader().id - 1;
+  const size_t new_leader = KnownLeaderIndex(*nodes[3]);
+  ASSERT_LT(new_leader, 4u);
   ASSERT_NE(new_leader, leader);
   std::vector<replication::ServerId> expected;
   for (size_t i = 0; i < 4; ++i) {

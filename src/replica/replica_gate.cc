@@ -124,10 +124,21 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   auto router = ProposalRouter::Start(gate->node_.get(), options.raft_address);
   if (!router.ok()) return router.status();
   gate->router_ = std::move(*router);
+  if (options.blob_hints && options.blob_hint_min_bytes > 0) {
+    ProposalRouter* r = gate->router_.get();
+    // Short: a hint late by more than a few heartbeats is worth less than the delta behind it.
+    gate->announcer_ =
+        std::make_unique<BlobAnnouncer>(gate->store_.get(), options.replica_id,
+                                        options.blob_hint_min_bytes, [r](std::string entry) {
+                                          auto committed = r->Propose(std::move(entry), 2s);
+                                          return committed.ok() ? Status::Ok() : committed.status();
+                                        });
+  }
   return gate;
 }
 
 ReplicaGate::~ReplicaGate() {
+  announcer_.reset();  // proposes through router_
   router_.reset();
   if (node_) node_->Close();  // no more listener calls after this
 }
@@ -158,7 +169,9 @@ Result<std::string> ReplicaGate::SaveCheckpoint() {
 
 void ReplicaGate::Attach(PythonEngine* engine) {
   engine_ = engine;
-  Status s = engine_->EnableReplication(store_.get(), options_.replica_id);
+  store::BlobStore* store = announcer_ ? static_cast<store::BlobStore*>(announcer_.get())
+                                       : static_cast<store::BlobStore*>(store_.get());
+  Status s = engine_->EnableReplication(store, options_.replica_id);
   if (!s.ok()) spdlog::error("replication disabled: {}", s.ToString());
   ProcessEvents();  // whatever the log replayed at start-up
 }
@@ -190,11 +203,20 @@ void ReplicaGate::OnDelta(const std::string& exec_id, ReplicaId executor,
   }
   Enqueue({Event::Kind::kDelta, exec_id, executor, payload, {}, {}});
 }
+void ReplicaGate::OnBlobHint(const std::string& exec_id, ReplicaId executor,
+                             const std::vector<std::string>& keys) {
+  if (executor == options_.replica_id || keys.empty()) return;
+  spdlog::debug("execution {}: prefetching {} hinted blobs", exec_id, keys.size());
+  store_->Prefetch(keys);
+  hinted_keys_ += keys.size();
+  std::lock_guard lock(mu_);
+  hinted_.emplace_back(dones_logged_, keys);
+}
 void ReplicaGate::OnSideEffect(const std::string& exec_id, const std::string& statement) {
   Enqueue({Event::Kind::kSideEffect, exec_id, 0, statement, {}, {}});
 }
 void ReplicaGate::OnDone(const std::string& exec_id, ReplicaId executor, const Json& meta) {
-  Enqueue({Event::Kind::kDone, exec_id, executor, {}, meta, {}});
+  Enqueue({Event::Kind::kDone, exec_id, executor, {}, meta, {}, ++dones_logged_});
 }
 void ReplicaGate::OnCheckpoint(uint64_t covers) {
   Enqueue({Event::Kind::kCheckpoint, "", 0, {}, {}, {}, covers});
@@ -258,6 +280,7 @@ void ReplicaGate::Process(Event& e) {
         }
       }
       Remember(&done_, &done_order_, e.exec_id, e.meta);
+      DropUnusedHints(e.count);
       // A checkpoint must cover exactly the records this namespace reflects, so it is taken
       // only once the executor's own records have been counted.
       if (e.exec_id == checkpoint_after_) {
@@ -283,6 +306,18 @@ void ReplicaGate::Process(Event& e) {
       return;
     }
   }
+}
+
+void ReplicaGate::DropUnusedHints(uint64_t dones) {
+  std::vector<std::string> unused;
+  {
+    std::lock_guard lock(mu_);
+    while (!hinted_.empty() && hinted_.front().first < dones) {
+      for (std::string& k : hinted_.front().second) unused.push_back(std::move(k));
+      hinted_.pop_front();
+    }
+  }
+  if (!unused.empty()) store_->Forget(unused);
 }
 
 void ReplicaGate::ProcessEvents() {
@@ -380,13 +415,17 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   d.role = d.executor == 0                     ? Role::kNobody
            : d.executor == options_.replica_id ? Role::kExecute
                                                : Role::kStandby;
-  if (d.role == Role::kExecute) started_ = d.exec_id;
+  if (d.role == Role::kExecute) {
+    started_ = d.exec_id;
+    if (announcer_) announcer_->Open(d.exec_id);
+  }
   return d;
 }
 
 Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& request,
                            const std::string& reply_content) {
   executed_here_.insert(decision.exec_id);
+  if (announcer_) announcer_->Close();  // its hints are in the log before the delta
   // Delta, side effects and Done go out together: one round trip to the leader.
   std::vector<std::string> entries;
   auto delta = engine_->TakeDelta();
@@ -473,7 +512,14 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
                {{"exec_id", decision.exec_id},
                 {"replica", options_.replica_id},
                 {"executor", decision.executor},
-                {"role", decision.role == Role::kExecute ? "executor" : "standby"}}}};
+                {"role", decision.role == Role::kExecute ? "executor" : "standby"},
+                // From the process's start to this cell's election: blob keys this replica
+                // announced as an executor and was told of as a standby, and blobs it took from
+                // the prefetched ones.
+                {"blobs",
+                 {{"announced", announcer_ ? announcer_->keys_announced() : 0},
+                  {"hinted", hinted_keys_.load()},
+                  {"prefetch_hits", store_->hits()}}}}}};
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {

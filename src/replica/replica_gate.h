@@ -4,6 +4,7 @@
 // replicas by applying, in log order, the deltas the executors commit.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "replica/blob_announcer.h"
 #include "replica/execution_gate.h"
 #include "replica/kernel_log.h"
 #include "replica/proposal_router.h"
@@ -40,6 +42,15 @@ struct ReplicaOptions {
   uint64_t checkpoint_every = 64;
   // Memory for blobs fetched ahead of applying the deltas that need them.
   size_t prefetch_bytes = size_t{2} << 30;
+  // With blob_hints, the executor announces each blob of at least blob_hint_min_bytes as soon
+  // as it is stored, so that standbys fetch it while the cell's other blobs are written
+  // (BlobAnnouncer). Off by default (docs/performance.md, all replicas on one 2-core machine):
+  // with a core of their own, standbys were ready 18-36 % sooner at about the same executor's
+  // sync on directory stores; sharing the executor's cores they were ready no sooner while the
+  // executor's sync, which the user waits for, took 1.2-2.1x as long; with Redis it took
+  // 3.1-3.6x as long either way.
+  bool blob_hints = false;
+  size_t blob_hint_min_bytes = size_t{1} << 20;
   unsigned snapshot_threshold = 1024;  // Raft entries between snapshots
   // After executing a cell, ask to become Raft leader (see ReplicaGate::Pump).
   bool lead_follows_executor = true;
@@ -89,7 +100,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
     std::string payload;
     jupyter::Json meta;
     std::vector<JournalRecord> journal;
-    uint64_t count = 0;  // kCheckpoint: records covered; kRestored: records ever appended
+    // kCheckpoint: records covered; kRestored: records ever appended; kDone: Dones logged, this
+    // one included.
+    uint64_t count = 0;
   };
 
   explicit ReplicaGate(const ReplicaOptions& options);
@@ -100,6 +113,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void OnDelta(const std::string& exec_id, ReplicaId executor, const std::string& payload) override;
   void OnSideEffect(const std::string& exec_id, const std::string& statement) override;
   void OnDone(const std::string& exec_id, ReplicaId executor, const jupyter::Json& meta) override;
+  void OnBlobHint(const std::string& exec_id, ReplicaId executor,
+                  const std::vector<std::string>& keys) override;
   void OnCheckpoint(uint64_t covers) override;
   void OnRestored(const std::string& checkpoint, const std::vector<JournalRecord>& journal,
                   uint64_t journal_total) override;
@@ -109,6 +124,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Engine's thread: applies queued events in log order.
   void ProcessEvents();
   void Process(Event& event);
+  // Forgets the prefetched blobs of hints logged before the `dones`-th Done.
+  void DropUnusedHints(uint64_t dones);
   // Processes events until `done()` holds, `exec_id` is cancelled, or the timeout passes;
   // releases the GIL while waiting. Returns whether done() holds.
   template <typename Pred>
@@ -142,6 +159,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   LockedMachine locked_{this};
   std::unique_ptr<replication::RaftNode> node_;
   std::unique_ptr<ProposalRouter> router_;
+  // The store the engine writes through (in front of store_); null when hints are off.
+  std::unique_ptr<BlobAnnouncer> announcer_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -149,6 +168,12 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::set<std::string> cancelled_;                    // guarded by mu_
   std::map<std::string, std::string> cancel_reasons_;  // guarded by mu_; exec id -> why
   std::string started_;  // guarded by mu_: the last execution begun here
+  // Keys other executors hinted, prefetched for deltas to come, each with the number of Dones
+  // the log had applied before the hint. Processing the n-th Done drops what the deltas before
+  // it did not take (hints of an executor that failed, blobs this replica already had).
+  std::deque<std::pair<uint64_t, std::vector<std::string>>> hinted_;  // guarded by mu_
+  uint64_t dones_logged_ = 0;                                         // log's thread only
+  std::atomic<uint64_t> hinted_keys_{0};
 
   // Engine's thread only.
   PythonEngine* engine_ = nullptr;

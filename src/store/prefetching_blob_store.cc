@@ -23,10 +23,28 @@ void PrefetchingBlobStore::Prefetch(const std::vector<std::string>& keys) {
   {
     std::lock_guard lock(mu_);
     for (const auto& k : keys) {
-      if (IsValidBlobKey(k) && cache_.count(k) == 0) queue_.push_back(k);
+      if (!IsValidBlobKey(k) || cache_.count(k) > 0 || k == in_flight_) continue;
+      if (std::find(queue_.begin(), queue_.end(), k) == queue_.end()) queue_.push_back(k);
     }
   }
   cv_.notify_all();
+}
+
+void PrefetchingBlobStore::Forget(const std::vector<std::string>& keys) {
+  std::lock_guard lock(mu_);
+  for (const auto& k : keys) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), k), queue_.end());
+    if (k == in_flight_) in_flight_forgotten_ = true;
+    DropCachedLocked(k);
+  }
+}
+
+void PrefetchingBlobStore::DropCachedLocked(const std::string& key) {
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return;
+  cached_bytes_ -= it->second->size();
+  cache_.erase(it);
+  cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), key));
 }
 
 void PrefetchingBlobStore::Work() {
@@ -40,11 +58,12 @@ void PrefetchingBlobStore::Work() {
     // it in flight only when it is fetched keeps a Get from waiting for a fetch that never ends.
     if (cache_.count(key) > 0) continue;
     in_flight_ = key;
+    in_flight_forgotten_ = false;
     lock.unlock();
     auto blob = backing_->GetBuffer(key);
     lock.lock();
     in_flight_.clear();
-    if (blob.ok() && (*blob)->size() <= max_cached_bytes_) {
+    if (blob.ok() && (*blob)->size() <= max_cached_bytes_ && !in_flight_forgotten_) {
       while (cached_bytes_ + (*blob)->size() > max_cached_bytes_ && !cache_order_.empty()) {
         auto oldest = cache_.find(cache_order_.front());
         if (oldest != cache_.end()) {
@@ -63,8 +82,10 @@ void PrefetchingBlobStore::Work() {
 
 std::unique_ptr<BlobBuffer> PrefetchingBlobStore::TakeCached(std::string_view key) {
   std::unique_lock lock(mu_);
-  // Fetching the key right now: wait for it rather than read it a second time.
+  // Fetching the key right now: wait for it rather than read it a second time. Queued and not
+  // begun: the caller reads it now, and the worker need not.
   cv_.wait(lock, [&] { return in_flight_ != key || stopping_; });
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), key), queue_.end());
   auto it = cache_.find(std::string(key));
   if (it == cache_.end()) return nullptr;
   std::unique_ptr<BlobBuffer> blob = std::move(it->second);
@@ -91,12 +112,7 @@ Result<std::unique_ptr<BlobBuffer>> PrefetchingBlobStore::GetBuffer(std::string_
 Status PrefetchingBlobStore::Delete(std::string_view key) {
   {
     std::lock_guard lock(mu_);
-    auto it = cache_.find(std::string(key));
-    if (it != cache_.end()) {
-      cached_bytes_ -= it->second->size();
-      cache_.erase(it);
-      cache_order_.erase(std::find(cache_order_.begin(), cache_order_.end(), std::string(key)));
-    }
+    DropCachedLocked(std::string(key));
   }
   return backing_->Delete(key);
 }

@@ -23,11 +23,15 @@ class PrefetchingBlobStore final : public BlobStore {
   ~PrefetchingBlobStore() override;
 
   // Fetches `keys` in the background, in order. Thread-safe; returns at once. Invalid or
-  // missing keys are skipped (the later Get reports them).
+  // missing keys are skipped (the later Get reports them), and so are keys already fetched,
+  // queued or being fetched: a blob asked for twice is fetched once.
   void Prefetch(const std::vector<std::string>& keys);
+  // Drops `keys` from the queue and from memory, and a fetch of one of them under way is
+  // discarded when it ends: blobs fetched on a hint that no delta took. Thread-safe.
+  void Forget(const std::vector<std::string>& keys);
 
   // A prefetched blob is served from memory once and then forgotten: each replica applies a
-  // delta once.
+  // delta once. A key still queued leaves the queue: it is read now.
   Result<std::string> Get(std::string_view key) override;
   // As Get; prefetching fetches with the backing store's GetBuffer, so this is the cheap one.
   Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override;
@@ -48,13 +52,15 @@ class PrefetchingBlobStore final : public BlobStore {
   void Work();
   // The prefetched buffer for `key` (waiting if it is being fetched now), or null.
   std::unique_ptr<BlobBuffer> TakeCached(std::string_view key);
+  void DropCachedLocked(const std::string& key);
 
   std::unique_ptr<BlobStore> backing_;
   const size_t max_cached_bytes_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_;  // guarded by mu_
-  std::string in_flight_;          // guarded by mu_: key being fetched now
+  std::deque<std::string> queue_;     // guarded by mu_
+  std::string in_flight_;             // guarded by mu_: key being fetched now
+  bool in_flight_forgotten_ = false;  // guarded by mu_: discard in_flight_ when fetched
   std::map<std::string, std::unique_ptr<BlobBuffer>> cache_;  // guarded by mu_
   std::deque<std::string> cache_order_;                       // guarded by mu_: oldest first
   size_t cached_bytes_ = 0;                                   // guarded by mu_

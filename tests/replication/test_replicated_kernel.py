@@ -26,8 +26,6 @@ from conftest import free_ports, nbos_bin  # noqa: E402
 TIMEOUT = 60
 
 
-# Ports handed out by this process: a replica binds its ports only when it starts, so without
-# this two allocations made before that could return the same port.
 def free_port_pair():
     """A loopback port p with p + 1 free too (a replica serves forwarded proposals there)."""
     return free_ports(1, pairs=True)[0]
@@ -74,7 +72,10 @@ class Replica:
              "--log-level", "info"] + self.group.extra_args +
             ([] if self.join else
              [f"--peer={i}={a}" for i, a in self.group.addresses.items()]),
-            stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.dir)
+            stdout=subprocess.DEVNULL, stderr=stderr, cwd=self.dir,
+            # Blob hints are off by default; this suite runs every cell with them unless told
+            # otherwise (bench/replication_bench.py reuses it).
+            env={**os.environ, "NBOS_BLOB_HINTS": os.environ.get("NBOS_BLOB_HINTS", "on")})
         stderr.close()
         self.client = BlockingKernelClient(connection_file=self.connection_file)
         self.client.load_connection_file()
@@ -266,6 +267,13 @@ def test_large_tensors_written_in_place_on_a_standby(group):
     check_cell(group.execute("import torch\nt = torch.arange(6 << 20, dtype=torch.float32)\n"
                              "u = t.clone()", 1), 1)
     group.assert_converged()
+    # The executor announced both blobs as it stored them, before its delta; each standby was
+    # told of both (counts as of the next cell's election).
+    results = group.execute("pass", 1)
+    check_cell(results, 1)
+    blobs = {rid: reply["metadata"]["nbos"]["blobs"] for rid, (reply, _) in results.items()}
+    assert blobs[1]["announced"] == 2, blobs
+    assert blobs[2]["hinted"] == 2 and blobs[3]["hinted"] == 2, blobs
     check_cell(group.execute("t[0] = -1.0\nt[-1] = 7.0\nfirst = float(t[0])", 2), 2)
     group.assert_converged()
     results = group.execute("print(float(t[0]), float(t[-1]), bool((t[1:-1] == u[1:-1]).all()),"

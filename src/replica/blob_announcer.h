@@ -1,0 +1,74 @@
+// Tells a kernel's standbys which blobs the executing cell has stored while the executor goes on
+// storing the rest, so that a standby fetches (maps and verifies) one blob while the executor
+// writes the next, instead of fetching all of them once the cell's delta has committed.
+//
+// A BlobStore in front of the replica's store, handed to the Python engine. While an execution
+// is open (Open ... Close), each Put of at least `min_bytes` queues the blob's key; a thread of
+// its own proposes the queued keys as one kBlobHint entry at a time through `propose`. Hints are
+// best effort: one that is not committed only means that the standbys fetch after the delta, as
+// they would without hints. All methods are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replica/kernel_log.h"
+#include "store/blob_store.h"
+
+namespace nbos::replica {
+
+class BlobAnnouncer final : public store::BlobStore {
+ public:
+  // Commits one encoded kernel log entry; may block (a Raft round trip).
+  using Propose = std::function<Status(std::string entry)>;
+
+  // `backing` must outlive the announcer. `self` is the replica named in the hints.
+  BlobAnnouncer(store::BlobStore* backing, ReplicaId self, size_t min_bytes, Propose propose);
+  ~BlobAnnouncer() override;  // drops queued keys and joins the thread
+
+  // Announces the blobs put from now on as blobs of execution `exec_id`.
+  void Open(const std::string& exec_id);
+  // Proposes the keys still queued, then stops announcing. Returns once every key put since Open
+  // was proposed (committed or failed), so that all hints of the execution are in the log before
+  // whatever the caller proposes next (its delta): a hint behind the delta would have the
+  // standbys fetch blobs that applying the delta already fetched.
+  void Close();
+
+  // kBlobHint entries committed, and keys in them.
+  uint64_t hints_committed() const;
+  uint64_t keys_announced() const;
+
+  Result<std::string> Put(std::string_view data) override;
+  Status PutWithKey(std::string_view key, std::string_view data) override;
+  Result<std::string> Get(std::string_view key) override { return backing_->Get(key); }
+  Result<std::unique_ptr<store::BlobBuffer>> GetBuffer(std::string_view key) override {
+    return backing_->GetBuffer(key);
+  }
+  Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
+  Status Delete(std::string_view key) override { return backing_->Delete(key); }
+  std::string Describe() const override { return backing_->Describe(); }
+
+ private:
+  void Queue(std::string_view key, size_t size);
+  void Work();
+
+  store::BlobStore* const backing_;
+  const ReplicaId self_;
+  const size_t min_bytes_;
+  const Propose propose_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string exec_id_;            // guarded by mu_; empty: closed
+  std::vector<std::string> keys_;  // guarded by mu_: put, not proposed yet
+  bool proposing_ = false;         // guarded by mu_
+  bool stopping_ = false;          // guarded by mu_
+  uint64_t hints_committed_ = 0;   // guarded by mu_
+  uint64_t keys_announced_ = 0;    // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace nbos::replica
