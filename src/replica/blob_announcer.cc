@@ -33,11 +33,6 @@ void BlobAnnouncer::Close() {
   exec_id_.clear();
 }
 
-uint64_t BlobAnnouncer::hints_committed() const {
-  std::lock_guard lock(mu_);
-  return hints_committed_;
-}
-
 uint64_t BlobAnnouncer::keys_announced() const {
   std::lock_guard lock(mu_);
   return keys_announced_;
@@ -83,7 +78,6 @@ void BlobAnnouncer::Work() {
     lock.lock();
     proposing_ = false;
     if (s.ok()) {
-      ++hints_committed_;
       keys_announced_ += count;
     } else {
       spdlog::debug("blob hint not committed: {}", s.ToString());

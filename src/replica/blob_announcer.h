@@ -38,8 +38,7 @@ class BlobAnnouncer final : public store::BlobStore {
   // standbys fetch blobs that applying the delta already fetched.
   void Close();
 
-  // kBlobHint entries committed, and keys in them.
-  uint64_t hints_committed() const;
+  // Keys in the kBlobHint entries committed.
   uint64_t keys_announced() const;
 
   Result<std::string> Put(std::string_view data) override;
@@ -66,7 +65,6 @@ class BlobAnnouncer final : public store::BlobStore {
   std::vector<std::string> keys_;  // guarded by mu_: put, not proposed yet
   bool proposing_ = false;         // guarded by mu_
   bool stopping_ = false;          // guarded by mu_
-  uint64_t hints_committed_ = 0;   // guarded by mu_
   uint64_t keys_announced_ = 0;    // guarded by mu_
   std::thread worker_;
 };

@@ -169,8 +169,8 @@ Result<std::string> ReplicaGate::SaveCheckpoint() {
 
 void ReplicaGate::Attach(PythonEngine* engine) {
   engine_ = engine;
-  store::BlobStore* store = announcer_ ? static_cast<store::BlobStore*>(announcer_.get())
-                                       : static_cast<store::BlobStore*>(store_.get());
+  store::BlobStore* store =
+      announcer_ ? static_cast<store::BlobStore*>(announcer_.get()) : store_.get();
   Status s = engine_->EnableReplication(store, options_.replica_id);
   if (!s.ok()) spdlog::error("replication disabled: {}", s.ToString());
   ProcessEvents();  // whatever the log replayed at start-up
