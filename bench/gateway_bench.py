@@ -746,7 +746,7 @@ def parse_args(argv):
     p.add_argument("--server-nodelay", action="store_true",
                    help="both jupyter servers get apps/nbos/jupyter_frontend_config.py (what"
                         " `nbos up --frontend` gives its front end): TCP_NODELAY on their"
-                        " kernel WebSockets")
+                        " kernel WebSockets, and no permessage-deflate on the gateway's")
     p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples"
                    " ('-' for stdout)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")

@@ -2,8 +2,10 @@
 URL is printed beside the gateway's; through it a notebook whose kernelspec is python3 gets a
 replicated kernel and runs a cell; stopping `nbos up` stops it too."""
 
+import base64
 import os
 import re
+import socket
 import urllib.request
 
 from cluster import Cluster, KernelSocket, rest_call, wait_answering
@@ -33,6 +35,12 @@ def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
             "path": "Untitled.ipynb", "type": "notebook", "name": "",
             "kernel": {"name": "python3"}})
         assert status == 201, session
+        # A client offering permessage-deflate (browsers, JupyterLab's client under Node) does
+        # not get it: jupyter server's gateway handler would deflate every message of a cell.
+        headers = _upgrade(int(port), f"/api/kernels/{session['kernel']['id']}/channels"
+                           f"?token={token}", "permessage-deflate; client_max_window_bits")
+        assert headers.startswith("HTTP/1.1 101"), headers
+        assert "permessage-deflate" not in headers.lower(), headers
         ks = KernelSocket(url, session["kernel"]["id"], token)
         reply, iopub = ks.execute("import os\nprint(sum(range(10)))")
         ks.close()
@@ -44,6 +52,23 @@ def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
         assert c.stop() == 0
     assert frontend_pid is not None and not os.path.exists(f"/proc/{frontend_pid}")
     assert not c.nbos_processes()
+
+
+def _upgrade(port, path, extensions):
+    """The response head to a WebSocket upgrade of path that offers extensions."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: {extensions}\r\n"
+                   "\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+    return head.split(b"\r\n\r\n")[0].decode("latin-1")
 
 
 def _cmdline(pid):
