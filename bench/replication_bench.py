@@ -480,6 +480,13 @@ def latency_modes(leader, follower):
             ("rotating (r1,r2,r3)", lambda i: 1 + i % 3)]
 
 
+def cpu_ms(pid):
+    """User + system CPU time a process has used so far (all its threads), ms."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeout, modes,
                   store_history):
     """Per mode: warm-up + n cells, each run on the replicated kernel and then on the
@@ -492,6 +499,8 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
             run_cell(group_eps, setup, target_of(0), timeout, store_history)
             run_cell(standalone_eps, setup, None, timeout, store_history)
         rows, base = [], []
+        eps_all = {**group_eps, 0: next(iter(standalone_eps.values()))}
+        cpu_before = {k: cpu_ms(e.proc.pid) for k, e in eps_all.items()}
         t0 = time.perf_counter()
         for i in range(warmup + n):
             target = target_of(i)
@@ -509,12 +518,18 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
                 "standby_follow_ms": max(x.get("follow", float("nan")) for x in stand),
             }
             base_rtt = run_cell(standalone_eps, code, None, timeout, store_history).rtt_ms(0)
+            if i + 1 == warmup:
+                cpu_before = {k: cpu_ms(e.proc.pid) for k, e in eps_all.items()}
             if i >= warmup:
                 rows.append(row)
                 base.append(base_rtt)
         log(f"  {mode:<24} {warmup} warm-up + {n} measured cells (x2 kernels) in"
             f" {time.perf_counter() - t0:.1f}s")
-        res = {"samples": rows, "standalone_rtt_ms": base}
+        cpu = {k: (cpu_ms(e.proc.pid) - cpu_before[k]) / n for k, e in eps_all.items()}
+        res = {"samples": rows, "standalone_rtt_ms": base,
+               "cpu_ms_per_cell": {"replicas": sum(v for k, v in cpu.items() if k != 0),
+                                   "standalone": cpu[0],
+                                   "by_replica": {str(k): v for k, v in cpu.items() if k}}}
         for key in ("rtt_ms", "all_replied_ms", "elect_ms", "run_ms", "commit_ms",
                     "standby_follow_ms"):
             res[key] = summarize([r[key] for r in rows])
@@ -849,11 +864,16 @@ def report(res):
             rows.append([f"replicated, {mode}", str(a["n"]), f(a["p50"]), f(a["mean"]),
                          f(a["p99"]), f"{a['p50'] / b['p50']:.2f}x",
                          f"{a['mean'] / b['mean']:.2f}x", f(r["commit_ms"]["p50"]),
-                         f(r["elect_ms"]["p50"]), f(r["all_replied_ms"]["p50"])])
+                         f(r["elect_ms"]["p50"]), f(r["all_replied_ms"]["p50"]),
+                         f(r["cpu_ms_per_cell"]["replicas"])])
             rows.append(["  standalone (alternating)", str(b["n"]), f(b["p50"]),
-                         f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", ""])
+                         f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", "",
+                         f(r["cpu_ms_per_cell"]["standalone"])])
         out.append(table(["kernel", "n", "p50", "mean", "p99", "p50 ratio", "mean ratio",
-                          "commit p50", "elect p50", "all 3 replied p50"], rows))
+                          "commit p50", "elect p50", "all 3 replied p50", "CPU ms/cell"],
+                         rows))
+        out.append("   CPU ms/cell = user + system CPU of the kernel's processes (all three"
+                   " replicas for the replicated one) over the measured cells, per cell")
 
     # Targets
     lines = []

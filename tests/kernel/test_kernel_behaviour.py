@@ -10,6 +10,7 @@ import os
 import pathlib
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -367,6 +368,26 @@ def test_magics_and_history_cache(kernel):
     hist = kernel.client.history(hist_access_type="tail", n=2, output=False, raw=True,
                                  reply=True, timeout=TIMEOUT)
     assert [h[2] for h in hist["content"]["history"]] == ["40 + 2", "Out[3], _3, In[3]"]
+
+
+def test_each_cell_reaches_the_history_database_without_a_disk_sync(kernel):
+    marker = f"history_marker_{uuid.uuid4().hex}"
+    reply, outputs = kernel.execute(
+        f"{marker} = 1\nhm = get_ipython().history_manager\n"
+        "str(hm.hist_file), hm.db.execute('PRAGMA synchronous').fetchone()[0]")
+    result = [m for m in outputs if m["msg_type"] == "execute_result"][0]
+    hist_file, synchronous = eval(result["content"]["data"]["text/plain"])
+    assert synchronous == 0  # OFF: commits do not wait for the disk
+    # Still written cell by cell (not batched), by IPython's saving thread.
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        with sqlite3.connect(hist_file) as db:
+            rows = db.execute("SELECT source_raw FROM history WHERE source_raw LIKE ?",
+                              (f"{marker} = 1%",)).fetchall()
+        if rows or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert rows, f"no history row for the cell in {hist_file}"
 
 
 def test_silent_execution_keeps_count_and_publishes_nothing(kernel):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import struct
 import sys
 import traceback
@@ -27,6 +28,7 @@ from IPython.core.displaypub import DisplayPublisher  # noqa: E402
 from IPython.core.error import StdinNotImplementedError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 from IPython.core.magic import Magics, line_magic, magics_class  # noqa: E402
+from traitlets.config import Config  # noqa: E402
 
 
 def _json_default(obj):
@@ -602,6 +604,19 @@ def _merge_side_effects(state, changes):
         state.setdefault("replay", []).extend(changes["replay"])
 
 
+class _HistoryConnection(sqlite3.Connection):
+    """IPython's history database as a replica writes it: every cell's input still goes to the
+    file when the cell ends, but the commit does not wait for the disk (synchronous=OFF, this
+    connection only). Each of a kernel's three replicas writes its history, and with the default
+    each cell's commit synced the file twice beside the Raft log's own syncs: about 1 ms of CPU
+    per replica per cell. A crashed process loses nothing; a crashed host may lose or damage its
+    copy, which IPython then sets aside and starts afresh."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.execute("PRAGMA synchronous = OFF")
+
+
 class Engine:
     """One per process. C++ calls handle() on the main thread with the GIL held."""
 
@@ -610,7 +625,9 @@ class Engine:
         CONNECTION_FILE = connection_file
         sys.stdout = OutStream("stdout", 1)
         sys.stderr = OutStream("stderr", 2)
-        self.shell = ZMQInteractiveShell.instance()
+        config = Config()
+        config.HistoryManager.connection_options = {"factory": _HistoryConnection}
+        self.shell = ZMQInteractiveShell.instance(config=config)
         self.shell._last_error = None
         self.shell.kernel = KernelShim()
         # As IPython's own applications do by default: %store persists across sessions.
