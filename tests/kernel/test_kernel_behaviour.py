@@ -8,7 +8,6 @@ jupyter_client, the library every Jupyter frontend is built on.
 import json
 import os
 import pathlib
-import queue
 import signal
 import sqlite3
 import subprocess
