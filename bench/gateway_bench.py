@@ -596,7 +596,7 @@ def lab_roundtrips(kernels, args):
                for label, (srv, kid) in kernels.items()]
     proc = subprocess.run(
         ["node", str(ROOT / "bench" / "lab_roundtrip.cjs"), str(LAB_DIR), str(args.iterations),
-         str(args.warmup), json.dumps(targets)],
+         str(args.warmup), json.dumps(targets), str(args.timeout)],
         capture_output=True, text=True, timeout=args.timeout * (args.iterations + args.warmup))
     if proc.returncode != 0:
         raise BenchError(f"JupyterLab's client failed: {proc.stderr[-2000:]}")

@@ -3,9 +3,10 @@
 // already started kernels and runs `pass` on each in turn (rotating which goes first), timing
 // requestExecute -> the future done (execute_reply and iopub idle). Prints one JSON object:
 // {"LABEL": [ms, ...], ...}, warm-up cells left out.
-// Usage: node lab_roundtrip.cjs LAB_DIR N WARMUP JSON-LIST-OF-{label,url,token,kernel_id}
+// Usage: node lab_roundtrip.cjs LAB_DIR N WARMUP JSON-LIST-OF-{label,url,token,kernel_id} [TIMEOUT_S]
+// A cell that has not finished within TIMEOUT_S (60) fails the run, naming its kernel.
 const path = require('path');
-const [labDir, n, warmup, targetsJson] = process.argv.slice(2);
+const [labDir, n, warmup, targetsJson, timeoutS = '60'] = process.argv.slice(2);
 const { KernelManager, ServerConnection } = require(path.join(labDir, 'node_modules', '@jupyterlab', 'services'));
 const WebSocket = require(path.join(labDir, 'node_modules', 'ws'));
 
@@ -30,7 +31,14 @@ async function connect(t) {
     for (let j = 0; j < targets.length; j++) {
       const k = (i + j) % targets.length;
       const start = process.hrtime.bigint();
-      await conns[k].kernel.requestExecute({ code: 'pass' }).done;
+      let timer;
+      const late = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(
+          `cell ${i} on ${targets[k].label}: no execute_reply and idle within ${timeoutS} s`)),
+        Number(timeoutS) * 1000);
+      });
+      await Promise.race([conns[k].kernel.requestExecute({ code: 'pass' }).done, late]);
+      clearTimeout(timer);
       const ms = Number(process.hrtime.bigint() - start) / 1e6;
       if (i >= Number(warmup)) times[targets[k].label].push(ms);
     }
