@@ -344,10 +344,29 @@ def _outputs(iopub, displays):
     return outputs
 
 
+# The log directory of every Processes made, in order: a failed test shows the tails of the logs
+# its clusters wrote (conftest.py), so that a failure seen once can be understood.
+LOG_ROOTS = []
+
+
+def log_tails(roots, lines=40):
+    """The last `lines` lines of each *.log under `roots`, one titled block per file."""
+    blocks = []
+    for root in roots:
+        for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+            if not name.endswith(".log"):
+                continue
+            with open(os.path.join(root, name), errors="replace") as f:
+                tail = f.readlines()[-lines:]
+            blocks.append(f"--- {root}/{name} (last {len(tail)} lines)\n" + "".join(tail))
+    return "\n".join(blocks)
+
+
 class Processes:
     def __init__(self):
         self.procs = []
         self.root = tempfile.mkdtemp(prefix="nbos-faults-")
+        LOG_ROOTS.append(self.root)
 
     def start(self, name, *args, prefix=()):
         log = open(os.path.join(self.root, f"{name}.log"), "w")

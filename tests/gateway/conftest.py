@@ -9,7 +9,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "notebooks"))
 
+import cluster as cluster_helpers  # noqa: E402
 from cluster import Cluster, JupyterServer, nbos_bin  # noqa: E402
+
+_FIRST_LOG_ROOT = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_FIRST_LOG_ROOT] = len(cluster_helpers.LOG_ROOTS)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the tails of the logs of the processes it started."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        roots = cluster_helpers.LOG_ROOTS[item.stash.get(_FIRST_LOG_ROOT, 0):]
+        if roots:
+            report.sections.append(("nbos logs", cluster_helpers.log_tails(roots)))
+
 
 
 @pytest.fixture(scope="module")
