@@ -69,7 +69,11 @@ class KernelManager {
   // to the blob store, the replicas are stopped and leave the scheduler's view (their resources
   // are free), the session stays with its clients. Resume (on the first request that needs the
   // replicas, or a restart): three new replicas start from the checkpoint, the session links
-  // them and the waiting requests go on. Errors: Unavailable (busy, no reply, no servers).
+  // them and the waiting requests go on. A placed attempt that fails (a daemon that does not
+  // answer, a replica that cannot start) is undone and tried again, with a new placement, until
+  // kernel_start_timeout after `since`; the waiting cells are answered (ReplicasUnavailable) only
+  // then, or at once when no servers can take the kernel. Errors: Unavailable (busy, no reply,
+  // no servers).
   void SuspendIdle(std::chrono::milliseconds idle);
   Status Suspend(const std::string& kernel_id);
   Status Resume(const std::string& kernel_id, SteadyClock::time_point since);
@@ -80,7 +84,8 @@ class KernelManager {
   void StopReplicas(const StoredKernel& meta);
   Status AwaitReplicas(const KernelRecord& k);
   void OnShutdownRequested(const std::string& kernel_id, bool restart);
-  Status LinkResumedReplicas(const std::string& kernel_id);
+  Status ResumeOnce(const std::string& kernel_id, SteadyClock::time_point deadline, bool* placed);
+  Status LinkResumedReplicas(const std::string& kernel_id, SteadyClock::time_point deadline);
   Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;

@@ -609,8 +609,9 @@ Status KernelSession::AwaitReplicas(std::chrono::milliseconds timeout,
 }
 
 Status KernelSession::AwaitReplicas(const std::vector<ReplicaId>& replicas,
-                                    std::chrono::milliseconds timeout) {
-  return AwaitSome(replicas, timeout, nullptr);
+                                    std::chrono::milliseconds timeout,
+                                    const std::function<Status()>& check) {
+  return AwaitSome(replicas, timeout, check);
 }
 
 Status KernelSession::AwaitSome(const std::vector<ReplicaId>& all,

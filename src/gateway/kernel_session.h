@@ -91,7 +91,8 @@ class KernelSession {
   Status AwaitReplicas(std::chrono::milliseconds timeout,
                        const std::function<Status()>& check = nullptr);
   // Probes only `replicas` (see above).
-  Status AwaitReplicas(const std::vector<ReplicaId>& replicas, std::chrono::milliseconds timeout);
+  Status AwaitReplicas(const std::vector<ReplicaId>& replicas, std::chrono::milliseconds timeout,
+                       const std::function<Status()>& check = nullptr);
   // Stops the thread, closes every client (1001), releases an outstanding grant, fails open
   // control calls. Idempotent; later calls of the other methods do nothing.
   void Shutdown();

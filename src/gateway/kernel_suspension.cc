@@ -3,6 +3,7 @@
 // open notebook does not wake its kernel, and a cell wakes it without the client reconnecting.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "gateway/kernel_manager.h"
@@ -73,19 +74,24 @@ Status KernelManager::Resume(const std::string& kernel_id, SteadyClock::time_poi
   std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
   if (!found) return NotFound("no kernel " + kernel_id);
   MutexLock op(found->op_mu.get());
+  const SteadyClock::time_point deadline = since + options_.kernel_start_timeout;
+  Status s;
+  for (bool placed = true; placed;) {
+    std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+    if (!k || !k->suspended || !k->session) return Status::Ok();  // resumed (or deleted) meanwhile
+    s = ResumeOnce(kernel_id, deadline, &placed);
+    if (s.ok()) break;
+    // A launch that failed right after servers came back (a daemon not answering yet, a replica
+    // that could not start) may well succeed on the next try, on the same or other servers: the
+    // cells keep waiting. Without servers for the kernel they are answered now.
+    if (!placed || SteadyClock::now() + kResumeRetryPause >= deadline) break;
+    spdlog::warn("kernel {}: resuming failed, trying again: {}", kernel_id, s.ToString());
+    std::this_thread::sleep_for(kResumeRetryPause);
+  }
   std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
-  if (!k || !k->suspended || !k->session) return Status::Ok();  // resumed (or deleted) meanwhile
-  auto servers = registry_->PlaceForResume(kernel_id, options_.replicas);
-  Status s = servers.ok() ? LaunchReplicas(kernel_id, *servers) : servers.status();
-  if (s.ok()) s = LinkResumedReplicas(kernel_id);
+  if (!k || !k->session) return s;
   if (!s.ok()) {
     spdlog::error("kernel {} did not resume: {}", kernel_id, s.ToString());
-    std::optional<KernelRecord> failed = registry_->FindKernel(kernel_id);
-    if (failed) {
-      for (const StoredReplica& r : failed->meta.replicas) k->session->RemoveReplica(r.replica_id);
-      StopReplicas(failed->meta);
-    }
-    registry_->UndoResume(kernel_id);
     // The waiting cells are answered (no replicas: ReplicasUnavailable) and the next request
     // tries again, not before a pause (this kernel's next Resume runs after this one returns):
     // requests that cannot be answered without replicas (kernel_info before any was seen) stay
@@ -104,8 +110,31 @@ Status KernelManager::Resume(const std::string& kernel_id, SteadyClock::time_poi
   return Status::Ok();
 }
 
-// The launched replicas join the kernel's session, which waits until each answers.
-Status KernelManager::LinkResumedReplicas(const std::string& kernel_id) {
+// One attempt: three replicas placed, launched from the checkpoint and linked. A failed attempt
+// leaves nothing behind (replicas unlinked and stopped, placement undone); `placed` tells whether
+// servers were found for it.
+Status KernelManager::ResumeOnce(const std::string& kernel_id, SteadyClock::time_point deadline,
+                                 bool* placed) {
+  auto servers = registry_->PlaceForResume(kernel_id, options_.replicas);
+  *placed = servers.ok();
+  Status s = servers.ok() ? LaunchReplicas(kernel_id, *servers) : servers.status();
+  if (s.ok()) s = LinkResumedReplicas(kernel_id, deadline);
+  if (s.ok()) return s;
+  if (std::optional<KernelRecord> failed = registry_->FindKernel(kernel_id); failed) {
+    for (const StoredReplica& r : failed->meta.replicas) {
+      if (failed->session) failed->session->RemoveReplica(r.replica_id);
+    }
+    StopReplicas(failed->meta);
+  }
+  registry_->UndoResume(kernel_id);
+  return s;
+}
+
+// The launched replicas join the kernel's session, which waits until each answers, or one of
+// them exits for good, or `deadline` passes.
+Status KernelManager::LinkResumedReplicas(const std::string& kernel_id,
+                                          SteadyClock::time_point deadline) {
+  const SteadyClock::time_point linked = SteadyClock::now();
   std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
   if (!k) return NotFound("kernel " + kernel_id + " was deleted while it resumed");
   if (Status s = store_->Put(k->meta); !s.ok()) return s;
@@ -116,7 +145,12 @@ Status KernelManager::LinkResumedReplicas(const std::string& kernel_id) {
     if (Status s = k->session->AddReplica({r.replica_id, r.server_id, *conn}); !s.ok()) return s;
     ids.push_back(r.replica_id);
   }
-  return k->session->AwaitReplicas(ids, options_.kernel_start_timeout);
+  const auto left =
+      std::max(std::chrono::milliseconds(1000),
+               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - linked));
+  return k->session->AwaitReplicas(ids, left, [this, meta = k->meta, linked] {
+    return registry_->CheckReplicasNotGivenUp(meta, linked);
+  });
 }
 
 }  // namespace nbos::gateway

@@ -4,6 +4,9 @@ resources released); a client still connected keeps its WebSocket, kernel_info d
 kernel, and the next cell resumes it on three new replicas with the namespace intact (per-name
 digests on every replica), also after a gateway restart."""
 
+import os
+import shutil
+import threading
 import time
 import urllib.request
 
@@ -121,6 +124,43 @@ def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster
     reply, iopub = ks.execute("print(kept)")
     assert reply["content"]["status"] == "ok", reply["content"]
     assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
+    c.wait_no_replicas()
+
+
+def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_waits(cluster):
+    """A resume can fail for a moment with servers to place on (a daemon just back that does not
+    answer yet, a replica that cannot start). Here the blob store's files are away: the new
+    replicas cannot read the checkpoint and exit for good. The cell waits while the gateway
+    undoes the attempt and tries again, and runs once the files are back."""
+    c = cluster
+    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
+    wait_suspended(c, kid)
+    blobs = c.stores[1].removeprefix("dir://")
+    away = blobs + ".away"
+    os.rename(blobs, away)
+    answer = {}
+    cell = threading.Thread(target=lambda: answer.update(done=ks.execute("print(kept)")))
+    try:
+        cell.start()
+        gateway_log = os.path.join(c.ps.root, "gateway.log")
+        deadline = time.time() + 45
+        while "resuming failed, trying again" not in open(gateway_log).read():
+            assert time.time() < deadline, "no failed attempt to resume in the gateway's log"
+            assert cell.is_alive(), f"the cell was answered before a retry: {answer}"
+            time.sleep(0.2)
+    finally:
+        # A replica that opened the store made the directory again, empty.
+        shutil.copytree(away, blobs, dirs_exist_ok=True)
+        shutil.rmtree(away)
+    cell.join(timeout=120)
+    assert not cell.is_alive(), "the cell was not answered"
+    reply, iopub = answer["done"]
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
+    kernel = kernel_of(c, kid)
+    assert not kernel["suspended"] and len(kernel["replicas"]) == 3, kernel
     ks.close()
     assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
     c.wait_no_replicas()
