@@ -5,6 +5,8 @@ Each test starts a real `nbos kernel` process on a fresh connection file and tal
 jupyter_client, the library every Jupyter frontend is built on.
 """
 
+import ast
+import contextlib
 import json
 import os
 import pathlib
@@ -375,12 +377,12 @@ def test_each_cell_reaches_the_history_database_without_a_disk_sync(kernel):
         f"{marker} = 1\nhm = get_ipython().history_manager\n"
         "str(hm.hist_file), hm.db.execute('PRAGMA synchronous').fetchone()[0]")
     result = [m for m in outputs if m["msg_type"] == "execute_result"][0]
-    hist_file, synchronous = eval(result["content"]["data"]["text/plain"])
+    hist_file, synchronous = ast.literal_eval(result["content"]["data"]["text/plain"])
     assert synchronous == 0  # OFF: commits do not wait for the disk
     # Still written cell by cell (not batched), by IPython's saving thread.
     deadline = time.monotonic() + TIMEOUT
     while True:
-        with sqlite3.connect(hist_file) as db:
+        with contextlib.closing(sqlite3.connect(hist_file)) as db:
             rows = db.execute("SELECT source_raw FROM history WHERE source_raw LIKE ?",
                               (f"{marker} = 1%",)).fetchall()
         if rows or time.monotonic() > deadline:
