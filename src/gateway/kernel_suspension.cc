@@ -127,6 +127,13 @@ Status KernelManager::ResumeOnce(const std::string& kernel_id, SteadyClock::time
     StopReplicas(failed->meta);
   }
   registry_->UndoResume(kernel_id);
+  // LinkResumedReplicas stored the attempt's replicas: a gateway restarted now must find the
+  // kernel suspended on its checkpoint, not on three replicas that are gone.
+  if (std::optional<KernelRecord> undone = registry_->FindKernel(kernel_id); undone && *placed) {
+    if (Status put = store_->Put(undone->meta); !put.ok()) {
+      spdlog::warn("kernel {}: recording the undone resume: {}", kernel_id, put.ToString());
+    }
+  }
   return s;
 }
 

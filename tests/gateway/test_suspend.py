@@ -4,6 +4,7 @@ resources released); a client still connected keeps its WebSocket, kernel_info d
 kernel, and the next cell resumes it on three new replicas with the namespace intact (per-name
 digests on every replica), also after a gateway restart."""
 
+import contextlib
 import os
 import shutil
 import threading
@@ -129,31 +130,49 @@ def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster
     c.wait_no_replicas()
 
 
-def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_waits(cluster):
-    """A resume can fail for a moment with servers to place on (a daemon just back that does not
-    answer yet, a replica that cannot start). Here the blob store's files are away: the new
-    replicas cannot read the checkpoint and exit for good. The cell waits while the gateway
-    undoes the attempt and tries again, and runs once the files are back."""
-    c = cluster
-    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
-    wait_suspended(c, kid)
+@contextlib.contextmanager
+def checkpoints_away(c):
+    """The blob store's files are moved away for the block: a replica cannot read a checkpoint,
+    exits, and after its restarts is given up."""
     blobs = c.stores[1].removeprefix("dir://")
     away = blobs + ".away"
     os.rename(blobs, away)
-    answer = {}
-    cell = threading.Thread(target=lambda: answer.update(done=ks.execute("print(kept)")))
     try:
-        cell.start()
-        gateway_log = os.path.join(c.ps.root, "gateway.log")
-        deadline = time.time() + 45
-        while "resuming failed, trying again" not in open(gateway_log).read():
-            assert time.time() < deadline, "no failed attempt to resume in the gateway's log"
-            assert cell.is_alive(), f"the cell was answered before a retry: {answer}"
-            time.sleep(0.2)
+        yield
     finally:
         # A replica that opened the store made the directory again, empty.
         shutil.copytree(away, blobs, dirs_exist_ok=True)
         shutil.rmtree(away)
+
+
+def wait_for_failed_resume(c, cell):
+    """Until the gateway's log says a resume attempt failed and another follows."""
+    gateway_log = os.path.join(c.ps.root, "gateway.log")
+    deadline = time.time() + 45
+    while "resuming failed, trying again" not in open(gateway_log).read():
+        assert time.time() < deadline, "no failed attempt to resume in the gateway's log"
+        assert cell.is_alive(), "the cell was answered before a retry"
+        time.sleep(0.2)
+
+
+def execute_ignoring_errors(ks, code):
+    with contextlib.suppress(Exception):
+        ks.execute(code)
+
+
+def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_waits(cluster):
+    """A resume can fail for a moment with servers to place on (a daemon just back that does not
+    answer yet, a replica that cannot start). Here the new replicas cannot read the checkpoint
+    and exit for good. The cell waits while the gateway undoes the attempt and tries again, and
+    runs once the checkpoint can be read."""
+    c = cluster
+    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
+    wait_suspended(c, kid)
+    answer = {}
+    cell = threading.Thread(target=lambda: answer.update(done=ks.execute("print(kept)")))
+    with checkpoints_away(c):
+        cell.start()
+        wait_for_failed_resume(c, cell)
     cell.join(timeout=120)
     assert not cell.is_alive(), "the cell was not answered"
     reply, iopub = answer["done"]
@@ -161,6 +180,33 @@ def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_w
     assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
     kernel = kernel_of(c, kid)
     assert not kernel["suspended"] and len(kernel["replicas"]) == 3, kernel
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
+    c.wait_no_replicas()
+
+
+def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(cluster):
+    """A failed attempt leaves the database as it found it: a gateway that goes down before the
+    next attempt restores the kernel suspended on its checkpoint, not on the attempt's replicas
+    (gone), and the next cell resumes it with its state."""
+    c = cluster
+    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
+    wait_suspended(c, kid)
+    # The cell's socket closes with the gateway; what it gets does not matter here.
+    cell = threading.Thread(target=lambda: execute_ignoring_errors(ks, "print(kept)"))
+    with checkpoints_away(c):
+        cell.start()
+        wait_for_failed_resume(c, cell)
+        c.kill_gateway()
+    cell.join(timeout=60)
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    kernel = kernel_of(c, kid)
+    assert kernel["suspended"] and kernel["replicas"] == [], kernel
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, iopub = ks.execute("print(kept)")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
     ks.close()
     assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
     c.wait_no_replicas()
