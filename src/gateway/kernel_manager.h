@@ -71,9 +71,9 @@ class KernelManager {
   // replicas, or a restart): three new replicas start from the checkpoint, the session links
   // them and the waiting requests go on. A placed attempt that fails (a daemon that does not
   // answer, a replica that cannot start) is undone and tried again, with a new placement, until
-  // kernel_start_timeout after `since`; the waiting cells are answered (ReplicasUnavailable) only
-  // then, or at once when no servers can take the kernel. Errors: Unavailable (busy, no reply,
-  // no servers).
+  // kernel_start_timeout after the resume began; the waiting cells are answered
+  // (ReplicasUnavailable) only then, or at once when no servers can take the kernel. Errors:
+  // Unavailable (busy, no reply, no servers).
   void SuspendIdle(std::chrono::milliseconds idle);
   Status Suspend(const std::string& kernel_id);
   Status Resume(const std::string& kernel_id, SteadyClock::time_point since);

@@ -74,7 +74,9 @@ Status KernelManager::Resume(const std::string& kernel_id, SteadyClock::time_poi
   std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
   if (!found) return NotFound("no kernel " + kernel_id);
   MutexLock op(found->op_mu.get());
-  const SteadyClock::time_point deadline = since + options_.kernel_start_timeout;
+  // From now, not from `since`: a resume queued behind another one's attempts still gets the
+  // whole timeout for its first.
+  const SteadyClock::time_point deadline = SteadyClock::now() + options_.kernel_start_timeout;
   Status s;
   for (bool placed = true; placed;) {
     std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
