@@ -308,6 +308,7 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     j["options"]["rebalance"]["releasable_target_min_chance"] =
         options.rebalance.releasable_target_min_chance;
     j["options"]["rebalance"]["spare_whole_min_chance"] = options.rebalance.spare_whole_min_chance;
+    j["options"]["rebalance"]["contended_cover_chance"] = options.rebalance.contended_cover_chance;
     j["options"]["scaling"]["release_max_pinning_replicas"] =
         options.scaling.release_max_pinning_replicas;
   }
@@ -355,6 +356,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
       options.rebalance.releasable_target_min_chance =
           r->value("releasable_target_min_chance", -1.0);
       options.rebalance.spare_whole_min_chance = r->value("spare_whole_min_chance", -1.0);
+      options.rebalance.contended_cover_chance = r->value("contended_cover_chance", -1.0);
     }
     if (const auto f = o.find("forecast"); f != o.end()) {
       options.forecast.enabled = f->at("enabled").get<bool>();

@@ -15,8 +15,9 @@ namespace {
 // cover an idle kernel or take one.
 struct Roomy {
   const ServerView* server;
-  int32_t relied = 0;  // idle kernels that count on this server alone for their GPUs
-  Resources added;     // replicas this decision already sends here
+  int32_t relied = 0;        // idle kernels that count on this server alone for their GPUs
+  double relied_chance = 0;  // their return chances, summed (contended_cover_chance)
+  Resources added;           // replicas this decision already sends here
 };
 
 // SubscriptionFits counting the replicas this decision already sends to the server.
@@ -41,6 +42,20 @@ bool WouldBreakWholeServer(const IdleKernel& k, bool covered_by_busy, const Serv
                            const RebalanceOptions& options) {
   return options.spare_whole_min_chance >= 0 && k.return_chance >= 0 && !covered_by_busy &&
          k.gpus_needed < covering.spec.gpus;
+}
+
+// The order in which kernels claim their covers: as given, or likeliest first when covers can be
+// contended (a likelier kernel keeps its cover, a less likely one moves).
+std::vector<const IdleKernel*> InCoverOrder(const std::vector<IdleKernel>& idle, bool by_chance) {
+  std::vector<const IdleKernel*> order;
+  order.reserve(idle.size());
+  for (const IdleKernel& k : idle) order.push_back(&k);
+  if (by_chance) {
+    std::stable_sort(order.begin(), order.end(), [](const IdleKernel* a, const IdleKernel* b) {
+      return a->return_chance > b->return_chance;
+    });
+  }
+  return order;
 }
 
 }  // namespace
@@ -74,7 +89,9 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
   // relies on neither alone).
   std::vector<const IdleKernel*> uncovered;
   std::set<const IdleKernel*> sparing;  // covered, moving to spare a wholly idle server
-  for (const IdleKernel& k : idle) {
+  const bool contention = options.contended_cover_chance >= 0;
+  for (const IdleKernel* kp : InCoverOrder(idle, contention)) {
+    const IdleKernel& k = *kp;
     // A kernel needing more idle GPUs than any accepting server has can be neither covered nor
     // moved.
     if (k.kernel == nullptr || k.gpus_needed < min_gpus || k.gpus_needed > max_idle_gpus) {
@@ -91,8 +108,16 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
         covered_by_busy = covered_by_busy || server->server->committed.gpus > 0;
       }
     }
-    if (covering == 1) ++only->relied;
-    if (covering > 0) {
+    const bool contestable = contention && covering == 1 && k.return_chance >= 0 &&
+                             only->server->committed.gpus == 0 &&
+                             2 * k.gpus_needed > only->server->IdleGpus();
+    if (contestable) choice.quiet_until_ms = now_ms;  // the chances move with time
+    const bool contended = contestable && only->relied_chance >= options.contended_cover_chance;
+    if (covering == 1 && !contended) {
+      ++only->relied;
+      only->relied_chance += std::max(k.return_chance, 0.0);
+    }
+    if (covering > 0 && !contended) {
       if (!WouldBreakWholeServer(k, covered_by_busy, *only->server, options)) continue;
       choice.quiet_until_ms = now_ms;  // its chance moves with time
       if (k.return_chance < options.spare_whole_min_chance) continue;
@@ -152,7 +177,7 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
     }
     const KernelView& kernel = *k->kernel;
 
-    using TargetKey = std::tuple<bool, int32_t, int32_t, double, std::string_view>;
+    using TargetKey = std::tuple<bool, double, int32_t, int32_t, double, std::string_view>;
     Roomy* target = nullptr;
     TargetKey best_target;
     for (Roomy& r : roomy) {
@@ -166,8 +191,12 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
       // Pinning a server that scale-in could release pays only for a kernel likely to run a
       // cell soon; a long-idle one waits for a server that is kept anyway.
       if (releasable(server.server_id) && !MayPinReleasable(*k, now_ms, options)) continue;
-      TargetKey key{releasable(server.server_id), r.relied, server.IdleGpus() - k->gpus_needed,
-                    HostSubscriptionRatio(server, r.added), std::string_view(server.server_id)};
+      TargetKey key{releasable(server.server_id),
+                    contention ? r.relied_chance : 0.0,
+                    r.relied,
+                    server.IdleGpus() - k->gpus_needed,
+                    HostSubscriptionRatio(server, r.added),
+                    std::string_view(server.server_id)};
       if (target == nullptr || key < best_target) {
         target = &r;
         best_target = key;
@@ -213,6 +242,7 @@ RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<I
                        " has " + std::to_string(target->server->IdleGpus());
     plans.push_back(std::move(plan));
     ++target->relied;
+    target->relied_chance += std::max(k->return_chance, 0.0);
     target->added += kernel.request;
     if (spare) {
       ++replicas_on[target->server->server_id];

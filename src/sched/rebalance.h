@@ -48,6 +48,11 @@ struct RebalanceOptions {
   // after the uncovered kernels, to a partly busy server with room, so that its cell leaves the
   // idle server whole for a whole-server cell. Negative: off.
   double spare_whole_min_chance = -1;
+  // For kernels with a forecast, likeliest first: a kernel whose cell needs more than half of
+  // the one wholly idle server that alone covers it counts as uncovered when likelier kernels
+  // relying on that server alone add up to at least this chance (their cells would race for
+  // it), and moves like an uncovered one. Negative: off.
+  double contended_cover_chance = -1;
 };
 
 // One proactive move: which kernel's replica goes where.
@@ -69,21 +74,23 @@ struct IdleKernel {
 };
 
 // A kernel is covered when one of its replicas is on an accepting server with >= gpus_needed
-// idle GPUs. For uncovered kernels with gpus_needed >= min_gpus that are out of their cooldown
-// (now_ms - last_rebalanced_ms >= kernel_cooldown_ms) and, with a forecast, at least
-// min_return_chance likely to return, likeliest first (forecast, then most recently active,
-// then kernel_id), then likewise for the kernels that spare_whole_min_chance moves (covered by
-// wholly idle servers only; their targets must have GPUs committed), at most max_per_tick plans:
+// idle GPUs (and, with contended_cover_chance, that cover is not contended). For uncovered kernels
+// with gpus_needed >= min_gpus that are out of their cooldown (now_ms - last_rebalanced_ms >=
+// kernel_cooldown_ms) and, with a forecast, at least min_return_chance likely to return, likeliest
+// first (forecast, then most recently active, then kernel_id), then likewise for the kernels that
+// spare_whole_min_chance moves (covered by wholly idle servers only; their targets must have GPUs
+// committed), at most max_per_tick plans:
 // - Target: accepting, not in `excluded_servers` (e.g. servers the same tick releases), holds no
 //   replica of the kernel, >= gpus_needed idle GPUs, SubscriptionFits(request) counting the
 //   replicas this decision already sends there, and not releasable (see
 //   spare_servers_max_replicas) when the kernel has been idle for more than
 //   releasable_target_idle_max_ms (with a forecast and releasable_target_min_chance >= 0:
 //   when its return chance is below that). Ordered: not releasable (more than
-//   spare_servers_max_replicas replicas, when that is >= 0) first, then by how many idle kernels
-//   already rely on it alone for their GPUs (fewest first, counting this decision's earlier
-//   plans), then the tightest fit (fewest idle GPUs beyond gpus_needed), then lowest SR_h, then
-//   server_id.
+//   spare_servers_max_replicas replicas, when that is >= 0) first, then (with
+//   contended_cover_chance) by the summed return chances of the idle kernels that already rely
+//   on it alone for their GPUs, then by how many do (fewest first; both counting this
+//   decision's earlier plans), then the tightest fit (fewest idle GPUs beyond gpus_needed), then
+//   lowest SR_h, then server_id.
 // - Replica: one on a server missing from the view or not accepting first, then not the last
 //   executor, then one whose server holds spare_servers_max_replicas + 1 replicas (when that is
 //   >= 0), then highest SR_h, then fewest idle GPUs, then lowest replica id.

@@ -269,5 +269,42 @@ TEST(RebalanceTest, ASmallCellCoveredByAPartlyBusyServerStays) {
   EXPECT_EQ(c.Plans(1, 0.5, o), std::vector<std::string>{});
 }
 
+// Two likely 8-GPU kernels rely on a alone (b, c, d are full); e is wholly idle too. The
+// likelier one keeps a, the other moves to e when their chances together reach the threshold.
+TEST(RebalanceTest, AKernelWhoseOnlyWholeServerLikelierKernelsRelyOnMoves) {
+  ClusterState cluster =
+      Cluster({Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8), Server("e", 8)});
+  for (const char* s : {"b", "c", "d"}) ASSERT_TRUE(cluster.Commit(s, Gpus(8)).ok());
+  ASSERT_TRUE(cluster.AddKernel(Kernel("k1", Req(8), {"a", "b", "c"})).ok());
+  ASSERT_TRUE(cluster.AddKernel(Kernel("k2", Req(8), {"a", "c", "d"})).ok());
+  const int64_t never = std::numeric_limits<int64_t>::lowest();
+  auto plans = [&](double k1_chance, double k2_chance, int32_t k2_needs, double threshold) {
+    RebalanceOptions o = On();
+    o.contended_cover_chance = threshold;
+    // k2 first: the order of the list must not matter, only the chances.
+    std::vector<IdleKernel> idle = {{cluster.FindKernel("k2"), k2_needs, 0, never, k2_chance},
+                                    {cluster.FindKernel("k1"), 8, 0, never, k1_chance}};
+    std::vector<std::string> got;
+    for (const RebalancePlan& p : ChooseRebalance(cluster, idle, 1000000, o).plans) {
+      got.push_back(Show(p));
+    }
+    return got;
+  };
+  EXPECT_EQ(plans(0.6, 0.4, 8, -1), std::vector<std::string>{});  // off
+  const std::vector<std::string> moved = plans(0.6, 0.4, 8, 0.3);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].substr(0, 3), "k2:");
+  EXPECT_EQ(moved[0].substr(moved[0].size() - 3), "->e");
+  EXPECT_EQ(moved[0].find(":a->"), std::string::npos) << "the covering replica stays";
+  // The likelier kernel stays whichever comes first in the list.
+  const std::vector<std::string> other = plans(0.3, 0.5, 8, 0.3);
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].substr(0, 3), "k1:");
+  // Not while the likelier one's chance is below the threshold, nor for a cell that two could
+  // share (4 of 8 GPUs).
+  EXPECT_EQ(plans(0.2, 0.1, 8, 0.3), std::vector<std::string>{});
+  EXPECT_EQ(plans(0.6, 0.4, 4, 0.3), std::vector<std::string>{});
+}
+
 }  // namespace
 }  // namespace nbos::sched

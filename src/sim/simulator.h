@@ -91,6 +91,10 @@ struct SimConfig {
   // than a server and only wholly idle servers cover moves next to a partly busy server with
   // room (sched::RebalanceOptions::spare_whole_min_chance). < 0: off.
   double rebalance_spare_whole_min_chance = 0.1;
+  // With the forecast: a kernel that needs most of the one wholly idle server covering it moves
+  // when likelier kernels relying on that server alone add up to this chance
+  // (sched::RebalanceOptions::contended_cover_chance). < 0: off.
+  double rebalance_contended_cover_chance = 0.3;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
