@@ -52,6 +52,18 @@ def wait_suspended(c, kernel_id, timeout=60):
         time.sleep(0.2)
 
 
+def assert_kept_state(reply, iopub):
+    """`print(kept)` ran and printed what kernel_with_state(c, "kept = 'state'") left."""
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
+
+
+def delete_kernel(c, kernel_id, ks):
+    ks.close()
+    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kernel_id}")[0] == 204
+    c.wait_no_replicas()
+
+
 def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
     c = cluster
     kid, ks, _ = kernel_with_state(c, STATE + "import os\nos.environ['NBOS_KEPT'] = 'yes'\n")
@@ -95,9 +107,7 @@ def test_an_idle_kernel_is_suspended_and_resumes_with_its_namespace(cluster):
     assert reply["content"]["status"] == "ok", reply["content"]
     assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == \
         expected_digest()
-    ks.close()
-    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
-    c.wait_no_replicas()
+    delete_kernel(c, kid, ks)
 
 
 def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster):
@@ -123,11 +133,8 @@ def test_a_suspended_kernel_that_cannot_resume_says_so_and_resumes_later(cluster
         assert time.time() < deadline, view(c)["servers"]
         time.sleep(0.2)
     reply, iopub = ks.execute("print(kept)")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
-    ks.close()
-    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
-    c.wait_no_replicas()
+    assert_kept_state(reply, iopub)
+    delete_kernel(c, kid, ks)
 
 
 @contextlib.contextmanager
@@ -176,13 +183,10 @@ def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_w
     cell.join(timeout=120)
     assert not cell.is_alive(), "the cell was not answered"
     reply, iopub = answer["done"]
-    assert reply["content"]["status"] == "ok", reply["content"]
-    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
+    assert_kept_state(reply, iopub)
     kernel = kernel_of(c, kid)
     assert not kernel["suspended"] and len(kernel["replicas"]) == 3, kernel
-    ks.close()
-    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
-    c.wait_no_replicas()
+    delete_kernel(c, kid, ks)
 
 
 def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(cluster):
@@ -205,8 +209,5 @@ def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(
     assert kernel["suspended"] and kernel["replicas"] == [], kernel
     ks = KernelSocket(c.url, kid, c.token)
     reply, iopub = ks.execute("print(kept)")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    assert "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream") == "state\n"
-    ks.close()
-    assert rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")[0] == 204
-    c.wait_no_replicas()
+    assert_kept_state(reply, iopub)
+    delete_kernel(c, kid, ks)
