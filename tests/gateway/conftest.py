@@ -32,7 +32,6 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("nbos logs", cluster_helpers.log_tails(roots)))
 
 
-
 @pytest.fixture(scope="module")
 def cluster():
     journal = tempfile.mktemp(prefix="nbos-journal-", suffix=".jsonl")

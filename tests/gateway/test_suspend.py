@@ -6,6 +6,7 @@ digests on every replica), also after a gateway restart."""
 
 import contextlib
 import os
+import pathlib
 import shutil
 import threading
 import time
@@ -154,9 +155,9 @@ def checkpoints_away(c):
 
 def wait_for_failed_resume(c, cell):
     """Until the gateway's log says a resume attempt failed and another follows."""
-    gateway_log = os.path.join(c.ps.root, "gateway.log")
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
     deadline = time.time() + 45
-    while "resuming failed, trying again" not in open(gateway_log).read():
+    while "resuming failed, trying again" not in gateway_log.read_text(errors="replace"):
         assert time.time() < deadline, "no failed attempt to resume in the gateway's log"
         assert cell.is_alive(), "the cell was answered before a retry"
         time.sleep(0.2)
