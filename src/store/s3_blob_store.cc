@@ -147,6 +147,18 @@ void S3BlobStore::ReleaseHandle(void* handle) {
 
 // One request; the handle (and its kept-alive connection) goes back to the pool.
 Result<S3BlobStore::Response> S3BlobStore::Send(const Request& r) {
+  constexpr int kTries = 3;
+  Result<Response> response = SendOnce(r);
+  for (int tried = 1; tried < kTries && r.method != "POST" && response.ok() &&
+                      (response->status == 500 || response->status == 503);
+       ++tried) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 << (2 * tried)));  // 200, 800 ms
+    response = SendOnce(r);
+  }
+  return response;
+}
+
+Result<S3BlobStore::Response> S3BlobStore::SendOnce(const Request& r) {
   CURL* curl = static_cast<CURL*>(AcquireHandle());
   if (curl == nullptr) return Unavailable("S3: cannot create a libcurl handle");
   curl_easy_reset(curl);

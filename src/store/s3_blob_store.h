@@ -85,7 +85,11 @@ class S3BlobStore final : public BlobStore {
   explicit S3BlobStore(S3BlobStoreOptions options);
   Status Probe();
   Result<std::string> ReadOnce(std::string_view key);
+  // SendOnce, again after a pause while S3 answers 500 or 503 (its InternalError and SlowDown,
+  // which AWS asks clients to retry), up to three tries; POSTs (multipart uploads' creation and
+  // completion, not idempotent) are sent once.
   Result<Response> Send(const Request& request);
+  Result<Response> SendOnce(const Request& request);
   Status Check(const Result<Response>& response, std::string_view what,
                std::vector<long> ok = {200}) const;
   Result<std::string> Upload(std::string_view object, std::string_view data);

@@ -3,10 +3,18 @@
 // The contract every store shares is in blob_store_test.cc.
 #include "store/s3_blob_store.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "store/testing.h"
 
@@ -90,6 +98,97 @@ TEST_F(S3BlobStoreTest, BadOptionsAreInvalidArgument) {
     ASSERT_FALSE(store.ok());
     EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument) << store.status().ToString();
   }
+}
+
+// An HTTP server on 127.0.0.1 that answers each request (one connection each) with the next of
+// `statuses` (the last one repeats) and records the requests' methods. A 404 carries S3's
+// NoSuchKey, so that opening a store over it succeeds.
+class ScriptedHttp {
+ public:
+  explicit ScriptedHttp(std::vector<int> statuses) : statuses_(std::move(statuses)) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(listen(listener_, 16), 0);
+    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedHttp() {
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> methods() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return methods_;
+  }
+
+ private:
+  void Serve() {
+    for (int fd; (fd = accept(listener_, nullptr, nullptr)) >= 0; close(fd)) {
+      std::string request;
+      char buf[4096];
+      for (ssize_t n;
+           request.find("\r\n\r\n") == std::string::npos && (n = read(fd, buf, sizeof(buf))) > 0;) {
+        request.append(buf, static_cast<size_t>(n));
+      }
+      // The body (a PUT's bytes) is not needed: the connection closes after the answer.
+      int status;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        methods_.push_back(request.substr(0, request.find(' ')));
+        status = statuses_[std::min(methods_.size(), statuses_.size()) - 1];
+      }
+      const std::string body =
+          status == 404 ? "<Error><Code>NoSuchKey</Code></Error>" : std::string();
+      const std::string answer = "HTTP/1.1 " + std::to_string(status) +
+                                 " X\r\nContent-Length: " + std::to_string(body.size()) +
+                                 "\r\nConnection: close\r\n\r\n" + body;
+      (void)!write(fd, answer.data(), answer.size());
+    }
+  }
+
+  std::vector<int> statuses_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> methods_;
+};
+
+S3BlobStoreOptions ScriptedOptions(const ScriptedHttp& server) {
+  S3BlobStoreOptions o;
+  o.endpoint = server.endpoint();
+  o.bucket = "b";
+  o.access_key_id = "k";
+  o.secret_access_key = "s";
+  o.connect_timeout = std::chrono::milliseconds(2000);
+  return o;
+}
+
+// S3 may answer 500 (InternalError) or 503 (SlowDown) for a moment: the request is sent again.
+TEST(S3BlobStoreRetryTest, AServerErrorForAMomentIsRetried) {
+  // Open's probe, a lookup answered 500 then 503, then 404 (missing), then the upload.
+  ScriptedHttp server({404, 500, 503, 404, 200});
+  auto store = S3BlobStore::Open(ScriptedOptions(server));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_TRUE((*store)->Put("some bytes").ok());
+  EXPECT_EQ(server.methods(), (std::vector<std::string>{"GET", "HEAD", "HEAD", "HEAD", "PUT"}));
+}
+
+TEST(S3BlobStoreRetryTest, AServerErrorThatStaysIsUnavailableAfterThreeTries) {
+  ScriptedHttp server({404, 500});
+  auto store = S3BlobStore::Open(ScriptedOptions(server));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Status s = (*store)->Put("some bytes").status();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("HTTP 500"));
+  EXPECT_EQ(server.methods(), (std::vector<std::string>{"GET", "HEAD", "HEAD", "HEAD"}));
 }
 
 // The service goes away: every call fails with Unavailable naming it, nothing stored is lost,
