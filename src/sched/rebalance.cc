@@ -58,202 +58,262 @@ std::vector<const IdleKernel*> InCoverOrder(const std::vector<IdleKernel>& idle,
   return order;
 }
 
+// One ChooseRebalance call: the servers that can cover or take an idle kernel, and the kernels
+// that move, in the order they move. Plans update the servers' counts as they are made, so later
+// kernels see the earlier moves.
+class RebalanceDecision {
+ public:
+  RebalanceDecision(const ClusterState& cluster, int64_t now_ms, const RebalanceOptions& options,
+                    const std::set<std::string, std::less<>>& excluded_servers);
+  void FindKernelsToMove(const std::vector<IdleKernel>& idle);
+  void PlanMoves();
+  RebalanceChoice Take() && { return std::move(choice_); }
+
+ private:
+  Roomy* FindRoomy(std::string_view server_id);
+  void Consider(const IdleKernel& k);
+  void SortMoving();
+  void CountReplicas();
+  int32_t ReplicasOn(std::string_view server_id) const;
+  Roomy* ChooseTarget(const IdleKernel& k);
+  const ReplicaView* ChooseReplica(const KernelView& kernel) const;
+  void AddPlan(const IdleKernel& k, Roomy& target, const ReplicaView& moving);
+
+  const ClusterState& cluster_;
+  const int64_t now_ms_;
+  const RebalanceOptions& options_;
+  const std::set<std::string, std::less<>>& excluded_servers_;
+  const int32_t min_gpus_;
+  const bool contention_;
+  // Ordered by server_id (the map's order), for binary search. Runs every scaling interval over
+  // every idle kernel's replicas, so it avoids the map's string-keyed lookups: when whole-host
+  // cells keep the cluster busy, this list is short or empty.
+  std::vector<Roomy> roomy_;
+  int32_t max_idle_gpus_ = 0;
+  std::vector<const IdleKernel*> moving_;
+  std::set<const IdleKernel*> sparing_;  // covered, moving to spare a wholly idle server
+  // Replicas per server, for keeping servers releasable (only when asked for and only when some
+  // kernel may move: it walks every replica). Updated with this decision's own plans.
+  bool spare_ = false;
+  std::map<std::string_view, int32_t> replicas_on_;
+  RebalanceChoice choice_;
+};
+
+RebalanceDecision::RebalanceDecision(const ClusterState& cluster, int64_t now_ms,
+                                     const RebalanceOptions& options,
+                                     const std::set<std::string, std::less<>>& excluded_servers)
+    : cluster_(cluster),
+      now_ms_(now_ms),
+      options_(options),
+      excluded_servers_(excluded_servers),
+      min_gpus_(std::max(options.min_gpus, 1)),
+      contention_(options.contended_cover_chance >= 0) {
+  for (const auto& [id, server] : cluster.servers()) {
+    if (server.accepting && server.IdleGpus() >= min_gpus_) roomy_.push_back({&server});
+  }
+  for (const Roomy& r : roomy_) max_idle_gpus_ = std::max(max_idle_gpus_, r.server->IdleGpus());
+}
+
+Roomy* RebalanceDecision::FindRoomy(std::string_view server_id) {
+  auto it = std::lower_bound(
+      roomy_.begin(), roomy_.end(), server_id,
+      [](const Roomy& r, std::string_view v) { return std::string_view(r.server->server_id) < v; });
+  return it != roomy_.end() && it->server->server_id == server_id ? &*it : nullptr;
+}
+
+void RebalanceDecision::FindKernelsToMove(const std::vector<IdleKernel>& idle) {
+  for (const IdleKernel* k : InCoverOrder(idle, contention_)) Consider(*k);
+  SortMoving();
+  spare_ = options_.spare_servers_max_replicas >= 0 && !moving_.empty();
+  if (spare_) CountReplicas();
+}
+
+// Two kernels relying on one server alone cannot both run there if their cells arrive together,
+// so a move goes where the fewest already rely (a kernel covered by two servers relies on neither
+// alone).
+void RebalanceDecision::Consider(const IdleKernel& k) {
+  // A kernel needing more idle GPUs than any accepting server has can be neither covered nor
+  // moved.
+  if (k.kernel == nullptr || k.gpus_needed < min_gpus_ || k.gpus_needed > max_idle_gpus_) return;
+  Roomy* only = nullptr;
+  int32_t covering = 0;
+  bool covered_by_busy = false;
+  for (const ReplicaView& r : k.kernel->replicas) {
+    Roomy* server = FindRoomy(r.server_id);
+    if (server != nullptr && server->server->IdleGpus() >= k.gpus_needed) {
+      ++covering;
+      only = server;
+      covered_by_busy = covered_by_busy || server->server->committed.gpus > 0;
+    }
+  }
+  const bool contestable = contention_ && covering == 1 && k.return_chance >= 0 &&
+                           only->server->committed.gpus == 0 &&
+                           2 * k.gpus_needed > only->server->IdleGpus();
+  if (contestable) choice_.quiet_until_ms = now_ms_;  // the chances move with time
+  const bool contended = contestable && only->relied_chance >= options_.contended_cover_chance;
+  if (covering == 1 && !contended) {
+    ++only->relied;
+    only->relied_chance += std::max(k.return_chance, 0.0);
+  }
+  if (covering > 0 && !contended) {
+    if (!WouldBreakWholeServer(k, covered_by_busy, *only->server, options_)) return;
+    choice_.quiet_until_ms = now_ms_;  // its chance moves with time
+    if (k.return_chance < options_.spare_whole_min_chance) return;
+    sparing_.insert(&k);
+  }
+  if (k.return_chance >= 0 &&
+      (options_.min_return_chance >= 0 || options_.releasable_target_min_chance >= 0)) {
+    // A chance moves with time either way, so the answer may change without any event.
+    choice_.quiet_until_ms = now_ms_;
+    if (k.return_chance < options_.min_return_chance) return;
+  }
+  // Written so as not to overflow for a kernel that never moved (lowest()).
+  if (k.last_rebalanced_ms <= now_ms_ - options_.kernel_cooldown_ms) {
+    moving_.push_back(&k);
+  } else {
+    choice_.quiet_until_ms =
+        std::min(choice_.quiet_until_ms, k.last_rebalanced_ms + options_.kernel_cooldown_ms);
+  }
+}
+
+// The most recently active kernels are the likeliest to run a cell soon (notebook cells come in
+// bursts), so they move first when the bound cuts the list; a forecast says it better. Covering a
+// kernel comes before sparing a whole server.
+void RebalanceDecision::SortMoving() {
+  auto key = [&](const IdleKernel* k) {
+    return std::make_tuple(sparing_.contains(k), -k->return_chance, -k->last_active_ms,
+                           std::string_view(k->kernel->kernel_id));
+  };
+  std::sort(moving_.begin(), moving_.end(),
+            [&](const IdleKernel* a, const IdleKernel* b) { return key(a) < key(b); });
+}
+
+void RebalanceDecision::CountReplicas() {
+  for (const auto& [id, kernel] : cluster_.kernels()) {
+    for (const ReplicaView& r : kernel.replicas) ++replicas_on_[r.server_id];
+  }
+}
+
+int32_t RebalanceDecision::ReplicasOn(std::string_view server_id) const {
+  const auto it = replicas_on_.find(server_id);
+  return it == replicas_on_.end() ? 0 : it->second;
+}
+
+void RebalanceDecision::PlanMoves() {
+  bool without_target = false;
+  for (const IdleKernel* k : moving_) {
+    if (static_cast<int32_t>(choice_.plans.size()) >= options_.max_per_tick) {
+      choice_.quiet_until_ms = now_ms_;  // cut by the bound: the next call has work
+      break;
+    }
+    Roomy* target = ChooseTarget(*k);
+    if (target == nullptr) {
+      without_target = true;
+      continue;
+    }
+    const ReplicaView* moving = ChooseReplica(*k->kernel);
+    if (moving == nullptr) continue;  // a kernel without replicas has nothing to move
+    AddPlan(*k, *target, *moving);
+  }
+  // A kernel may have lacked a target only because this decision's own plans took the room; if
+  // the caller drops those plans, the next call may differ.
+  if (without_target && !choice_.plans.empty()) choice_.quiet_until_ms = now_ms_;
+}
+
+Roomy* RebalanceDecision::ChooseTarget(const IdleKernel& k) {
+  const KernelView& kernel = *k.kernel;
+  using TargetKey = std::tuple<bool, double, int32_t, int32_t, double, std::string_view>;
+  Roomy* target = nullptr;
+  TargetKey best_target;
+  for (Roomy& r : roomy_) {
+    const ServerView& server = *r.server;
+    if (excluded_servers_.contains(server.server_id) || server.IdleGpus() < k.gpus_needed ||
+        kernel.HasReplicaOn(server.server_id) ||
+        (sparing_.contains(&k) && server.committed.gpus == 0)) {
+      continue;
+    }
+    if (!FitsWithPlanned(r, kernel.request)) continue;
+    // A target the auto-scaler could release once idle: a replica there would keep it. Pinning
+    // such a server pays only for a kernel likely to run a cell soon; a long-idle one waits for
+    // a server that is kept anyway.
+    const bool releasable =
+        spare_ && ReplicasOn(server.server_id) <= options_.spare_servers_max_replicas;
+    if (releasable && !MayPinReleasable(k, now_ms_, options_)) continue;
+    TargetKey key{releasable,
+                  contention_ ? r.relied_chance : 0.0,
+                  r.relied,
+                  server.IdleGpus() - k.gpus_needed,
+                  HostSubscriptionRatio(server, r.added),
+                  std::string_view(server.server_id)};
+    if (target == nullptr || key < best_target) {
+      target = &r;
+      best_target = key;
+    }
+  }
+  return target;
+}
+
+// Lower key = better replica to move. The last executor stays if another can go: its server
+// holds the kernel's GPU-warm state. A source that moving one replica off makes releasable goes
+// before others.
+const ReplicaView* RebalanceDecision::ChooseReplica(const KernelView& kernel) const {
+  using ReplicaKey = std::tuple<bool, bool, bool, double, int32_t, uint32_t>;
+  const ReplicaView* moving = nullptr;
+  ReplicaKey best_replica;
+  for (const ReplicaView& r : kernel.replicas) {
+    const ServerView* server = cluster_.FindServer(r.server_id);
+    const bool doomed = server == nullptr || !server->accepting;
+    const bool one_over_releasable =
+        spare_ && ReplicasOn(r.server_id) == options_.spare_servers_max_replicas + 1;
+    ReplicaKey key{!doomed,
+                   r.replica_id == kernel.last_executor,
+                   doomed || !one_over_releasable,
+                   doomed ? 0.0 : -HostSubscriptionRatio(*server),
+                   doomed ? 0 : server->IdleGpus(),
+                   r.replica_id};
+    if (moving == nullptr || key < best_replica) {
+      moving = &r;
+      best_replica = key;
+    }
+  }
+  return moving;
+}
+
+void RebalanceDecision::AddPlan(const IdleKernel& k, Roomy& target, const ReplicaView& moving) {
+  const KernelView& kernel = *k.kernel;
+  const bool sparing = sparing_.contains(&k);
+  RebalancePlan plan;
+  plan.kernel_id = kernel.kernel_id;
+  plan.plan.replica_id = moving.replica_id;
+  plan.plan.from_server_id = moving.server_id;
+  plan.plan.to_server_id = target.server->server_id;
+  plan.plan.reason =
+      "proactive: " +
+      std::string(sparing ? "only wholly idle replica servers of" : "no replica server of") +
+      " kernel '" + kernel.kernel_id + (sparing ? "' have " : "' has ") +
+      std::to_string(k.gpus_needed) + " idle GPUs; " + target.server->server_id + " has " +
+      std::to_string(target.server->IdleGpus());
+  choice_.plans.push_back(std::move(plan));
+  ++target.relied;
+  target.relied_chance += std::max(k.return_chance, 0.0);
+  target.added += kernel.request;
+  if (spare_) {
+    ++replicas_on_[target.server->server_id];
+    --replicas_on_[moving.server_id];
+  }
+  choice_.quiet_until_ms = std::min(choice_.quiet_until_ms, now_ms_ + options_.kernel_cooldown_ms);
+}
+
 }  // namespace
 
 RebalanceChoice ChooseRebalance(const ClusterState& cluster, const std::vector<IdleKernel>& idle,
                                 int64_t now_ms, const RebalanceOptions& options,
                                 const std::set<std::string, std::less<>>& excluded_servers) {
-  RebalanceChoice choice;
-  std::vector<RebalancePlan>& plans = choice.plans;
-  if (!options.enabled || options.max_per_tick <= 0) return choice;
-  const int32_t min_gpus = std::max(options.min_gpus, 1);
-  // Ordered by server_id (the map's order), for binary search. Runs every scaling interval over
-  // every idle kernel's replicas, so it avoids the map's string-keyed lookups: when whole-host
-  // cells keep the cluster busy, this list is short or empty.
-  std::vector<Roomy> roomy;
-  for (const auto& [id, server] : cluster.servers()) {
-    if (server.accepting && server.IdleGpus() >= min_gpus) roomy.push_back({&server});
-  }
-  auto find_roomy = [&](std::string_view id) -> Roomy* {
-    auto it =
-        std::lower_bound(roomy.begin(), roomy.end(), id, [](const Roomy& r, std::string_view v) {
-          return std::string_view(r.server->server_id) < v;
-        });
-    return it != roomy.end() && it->server->server_id == id ? &*it : nullptr;
-  };
-  int32_t max_idle_gpus = 0;
-  for (const Roomy& r : roomy) max_idle_gpus = std::max(max_idle_gpus, r.server->IdleGpus());
-
-  // Two kernels relying on one server alone cannot both run there if their cells arrive
-  // together, so a move goes where the fewest already rely (a kernel covered by two servers
-  // relies on neither alone).
-  std::vector<const IdleKernel*> uncovered;
-  std::set<const IdleKernel*> sparing;  // covered, moving to spare a wholly idle server
-  const bool contention = options.contended_cover_chance >= 0;
-  for (const IdleKernel* kp : InCoverOrder(idle, contention)) {
-    const IdleKernel& k = *kp;
-    // A kernel needing more idle GPUs than any accepting server has can be neither covered nor
-    // moved.
-    if (k.kernel == nullptr || k.gpus_needed < min_gpus || k.gpus_needed > max_idle_gpus) {
-      continue;
-    }
-    Roomy* only = nullptr;
-    int32_t covering = 0;
-    bool covered_by_busy = false;
-    for (const ReplicaView& r : k.kernel->replicas) {
-      Roomy* server = find_roomy(r.server_id);
-      if (server != nullptr && server->server->IdleGpus() >= k.gpus_needed) {
-        ++covering;
-        only = server;
-        covered_by_busy = covered_by_busy || server->server->committed.gpus > 0;
-      }
-    }
-    const bool contestable = contention && covering == 1 && k.return_chance >= 0 &&
-                             only->server->committed.gpus == 0 &&
-                             2 * k.gpus_needed > only->server->IdleGpus();
-    if (contestable) choice.quiet_until_ms = now_ms;  // the chances move with time
-    const bool contended = contestable && only->relied_chance >= options.contended_cover_chance;
-    if (covering == 1 && !contended) {
-      ++only->relied;
-      only->relied_chance += std::max(k.return_chance, 0.0);
-    }
-    if (covering > 0 && !contended) {
-      if (!WouldBreakWholeServer(k, covered_by_busy, *only->server, options)) continue;
-      choice.quiet_until_ms = now_ms;  // its chance moves with time
-      if (k.return_chance < options.spare_whole_min_chance) continue;
-      sparing.insert(&k);
-    }
-    if (k.return_chance >= 0 &&
-        (options.min_return_chance >= 0 || options.releasable_target_min_chance >= 0)) {
-      // A chance moves with time either way, so the answer may change without any event.
-      choice.quiet_until_ms = now_ms;
-      if (k.return_chance < options.min_return_chance) continue;
-    }
-    // Written so as not to overflow for a kernel that never moved (lowest()).
-    if (k.last_rebalanced_ms <= now_ms - options.kernel_cooldown_ms) {
-      uncovered.push_back(&k);
-    } else {
-      choice.quiet_until_ms =
-          std::min(choice.quiet_until_ms, k.last_rebalanced_ms + options.kernel_cooldown_ms);
-    }
-  }
-  // The most recently active kernels are the likeliest to run a cell soon (notebook cells come
-  // in bursts), so they move first when the bound cuts the list; a forecast says it better.
-  // Covering a kernel comes before sparing a whole server.
-  std::sort(uncovered.begin(), uncovered.end(), [&](const IdleKernel* a, const IdleKernel* b) {
-    return std::make_tuple(sparing.contains(a), -a->return_chance, -a->last_active_ms,
-                           std::string_view(a->kernel->kernel_id)) <
-           std::make_tuple(sparing.contains(b), -b->return_chance, -b->last_active_ms,
-                           std::string_view(b->kernel->kernel_id));
-  });
-
-  // Replicas per server, for keeping servers releasable (only when asked for and only when some
-  // kernel may move: it walks every replica). Updated with this decision's own plans.
-  const bool spare = options.spare_servers_max_replicas >= 0 && !uncovered.empty();
-  std::map<std::string_view, int32_t> replicas_on;
-  if (spare) {
-    for (const auto& [id, kernel] : cluster.kernels()) {
-      for (const ReplicaView& r : kernel.replicas) ++replicas_on[r.server_id];
-    }
-  }
-  auto count = [&](std::string_view server_id) {
-    const auto it = replicas_on.find(server_id);
-    return it == replicas_on.end() ? 0 : it->second;
-  };
-  // A target the auto-scaler could release once idle: a replica there would keep it.
-  auto releasable = [&](std::string_view server_id) {
-    return spare && count(server_id) <= options.spare_servers_max_replicas;
-  };
-  // A source that moving one replica off makes releasable.
-  auto one_over_releasable = [&](std::string_view server_id) {
-    return spare && count(server_id) == options.spare_servers_max_replicas + 1;
-  };
-
-  bool without_target = false;
-  for (const IdleKernel* k : uncovered) {
-    if (static_cast<int32_t>(plans.size()) >= options.max_per_tick) {
-      choice.quiet_until_ms = now_ms;  // cut by the bound: the next call has work
-      break;
-    }
-    const KernelView& kernel = *k->kernel;
-
-    using TargetKey = std::tuple<bool, double, int32_t, int32_t, double, std::string_view>;
-    Roomy* target = nullptr;
-    TargetKey best_target;
-    for (Roomy& r : roomy) {
-      const ServerView& server = *r.server;
-      if (excluded_servers.contains(server.server_id) || server.IdleGpus() < k->gpus_needed ||
-          kernel.HasReplicaOn(server.server_id) ||
-          (sparing.contains(k) && server.committed.gpus == 0)) {
-        continue;
-      }
-      if (!FitsWithPlanned(r, kernel.request)) continue;
-      // Pinning a server that scale-in could release pays only for a kernel likely to run a
-      // cell soon; a long-idle one waits for a server that is kept anyway.
-      if (releasable(server.server_id) && !MayPinReleasable(*k, now_ms, options)) continue;
-      TargetKey key{releasable(server.server_id),
-                    contention ? r.relied_chance : 0.0,
-                    r.relied,
-                    server.IdleGpus() - k->gpus_needed,
-                    HostSubscriptionRatio(server, r.added),
-                    std::string_view(server.server_id)};
-      if (target == nullptr || key < best_target) {
-        target = &r;
-        best_target = key;
-      }
-    }
-    if (target == nullptr) {
-      without_target = true;
-      continue;
-    }
-
-    // Lower key = better replica to move. The last executor stays if another can go: its
-    // server holds the kernel's GPU-warm state.
-    using ReplicaKey = std::tuple<bool, bool, bool, double, int32_t, uint32_t>;
-    const ReplicaView* moving = nullptr;
-    ReplicaKey best_replica;
-    for (const ReplicaView& r : kernel.replicas) {
-      const ServerView* server = cluster.FindServer(r.server_id);
-      const bool doomed = server == nullptr || !server->accepting;
-      ReplicaKey key{!doomed,
-                     r.replica_id == kernel.last_executor,
-                     doomed || !one_over_releasable(r.server_id),
-                     doomed ? 0.0 : -HostSubscriptionRatio(*server),
-                     doomed ? 0 : server->IdleGpus(),
-                     r.replica_id};
-      if (moving == nullptr || key < best_replica) {
-        moving = &r;
-        best_replica = key;
-      }
-    }
-    if (moving == nullptr) continue;  // a kernel without replicas has nothing to move
-
-    RebalancePlan plan;
-    plan.kernel_id = kernel.kernel_id;
-    plan.plan.replica_id = moving->replica_id;
-    plan.plan.from_server_id = moving->server_id;
-    plan.plan.to_server_id = target->server->server_id;
-    plan.plan.reason = "proactive: " +
-                       std::string(sparing.contains(k) ? "only wholly idle replica servers of"
-                                                       : "no replica server of") +
-                       " kernel '" + kernel.kernel_id +
-                       (sparing.contains(k) ? "' have " : "' has ") +
-                       std::to_string(k->gpus_needed) + " idle GPUs; " + target->server->server_id +
-                       " has " + std::to_string(target->server->IdleGpus());
-    plans.push_back(std::move(plan));
-    ++target->relied;
-    target->relied_chance += std::max(k->return_chance, 0.0);
-    target->added += kernel.request;
-    if (spare) {
-      ++replicas_on[target->server->server_id];
-      --replicas_on[moving->server_id];
-    }
-    choice.quiet_until_ms = std::min(choice.quiet_until_ms, now_ms + options.kernel_cooldown_ms);
-  }
-  // A kernel may have lacked a target only because this decision's own plans took the room; if
-  // the caller drops those plans, the next call may differ.
-  if (without_target && !plans.empty()) choice.quiet_until_ms = now_ms;
-  return choice;
+  if (!options.enabled || options.max_per_tick <= 0) return {};
+  RebalanceDecision decision(cluster, now_ms, options, excluded_servers);
+  decision.FindKernelsToMove(idle);
+  decision.PlanMoves();
+  return std::move(decision).Take();
 }
 
 }  // namespace nbos::sched
