@@ -11,12 +11,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -422,8 +425,10 @@ Status EnsureCredential(UpArgs& args) {
   return control::ReadClusterCredential(args.credential).status();
 }
 
-int RunUp(UpArgs& args, const std::string& self_path) {
-  const sigset_t signals = BlockStopSignals();
+// Checks `nbos up`'s arguments and fills in their defaults: the state directory (created), the
+// token, the blob store, the credential and the gateway's port. Returns the exit code to stop
+// with, or nullopt to go on.
+std::optional<int> PrepareUp(UpArgs& args) {
   if (args.hosts < 3 || args.hosts > 64) {
     std::cerr << "nbos up: --hosts must be 3 to 64 (each kernel has three replicas)\n";
     return 2;
@@ -452,102 +457,103 @@ int RunUp(UpArgs& args, const std::string& self_path) {
     std::cerr << "nbos up: " << s.message() << "\n";
     return 1;
   }
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
   if (args.port == 0) args.port = FreePort();
-  const std::string control = "127.0.0.1:" + std::to_string(FreePort());
+  return std::nullopt;
+}
 
-  std::vector<Child> children;
+Child GatewayChild(const UpArgs& args, const std::string& self_path, const std::string& control) {
   // The token goes by environment: a command line is readable by every process on the machine.
-  children.push_back(
-      {"gateway",
-       {self_path, "gateway", "--port", std::to_string(args.port), "--control-address", control,
-        "--state-dir", args.state_dir + "/gateway", "--credential", args.credential, "--log-level",
-        args.log_level, "--max-kernels-per-user", std::to_string(args.max_kernels_per_user),
-        "--max-gpus-per-user", std::to_string(args.max_gpus_per_user)},
-       {{"NBOS_TOKEN", args.token}}});
-  if (!args.users_file.empty()) {
-    children[0].argv.push_back("--users");
-    children[0].argv.push_back(fs::absolute(args.users_file).string());
-  }
-  if (args.rebalance_interval_ms > 0) {
-    children[0].argv.push_back("--rebalance-interval-ms");
-    children[0].argv.push_back(std::to_string(args.rebalance_interval_ms));
-  }
-  if (args.idle_suspend_minutes > 0) {
-    children[0].argv.push_back("--idle-suspend-minutes");
-    children[0].argv.push_back(fmt::format("{}", args.idle_suspend_minutes));
-  }
-  if (!args.decision_journal.empty()) {
-    children[0].argv.push_back("--decision-journal");
-    children[0].argv.push_back(fs::absolute(args.decision_journal).string());
-  }
-  // With auto-scaling the gateway starts and stops the servers itself (LocalHostProvider);
-  // otherwise they are this process's children, restarted when they die.
-  const bool scaling = args.max_hosts > args.hosts;
-  if (scaling) AppendLocalHostArgs(args, &children[0].argv);
-  // Daemons on one machine get disjoint replica port ranges: one port probed free by two of
-  // them would otherwise reach two replicas.
+  Child gateway{
+      "gateway",
+      {self_path, "gateway", "--port", std::to_string(args.port), "--control-address", control,
+       "--state-dir", args.state_dir + "/gateway", "--credential", args.credential, "--log-level",
+       args.log_level, "--max-kernels-per-user", std::to_string(args.max_kernels_per_user),
+       "--max-gpus-per-user", std::to_string(args.max_gpus_per_user)},
+      {{"NBOS_TOKEN", args.token}}};
+  auto add = [&](std::string flag, std::string value) {
+    gateway.argv.push_back(std::move(flag));
+    gateway.argv.push_back(std::move(value));
+  };
+  if (!args.users_file.empty()) add("--users", fs::absolute(args.users_file).string());
+  if (args.rebalance_interval_ms > 0)
+    add("--rebalance-interval-ms", std::to_string(args.rebalance_interval_ms));
+  if (args.idle_suspend_minutes > 0)
+    add("--idle-suspend-minutes", fmt::format("{}", args.idle_suspend_minutes));
+  if (!args.decision_journal.empty())
+    add("--decision-journal", fs::absolute(args.decision_journal).string());
+  // With auto-scaling the gateway starts and stops the servers itself (LocalHostProvider).
+  if (args.max_hosts > args.hosts) AppendLocalHostArgs(args, &gateway.argv);
+  return gateway;
+}
+
+// The daemons of a fixed cluster, host-1 .. host-N. Daemons on one machine get disjoint replica
+// port ranges: one port probed free by two of them would otherwise reach two replicas.
+std::vector<Child> DaemonChildren(const UpArgs& args, const std::string& self_path,
+                                  const std::string& control) {
   const daemon::PortRange all_ports;
   const int ports_per_host = all_ports.size() / args.hosts;
-  for (int i = 1; i <= args.hosts && !scaling; ++i) {
+  std::vector<Child> daemons;
+  for (int i = 1; i <= args.hosts; ++i) {
     const std::string id = "host-" + std::to_string(i);
     const int first = all_ports.first + (i - 1) * ports_per_host;
-    children.push_back({id,
-                        {self_path,
-                         "daemon",
-                         "--server-id",
-                         id,
-                         "--gateway",
-                         control,
-                         "--gpus",
-                         std::to_string(args.gpus_per_host),
-                         "--virtual-gpus",
-                         "--state-dir",
-                         args.state_dir + "/" + id,
-                         "--blob-store",
-                         args.blob_store,
-                         "--credential",
-                         args.credential,
-                         "--replica-ports",
-                         std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
-                         "--warm-pool",
-                         std::to_string(args.warm_pool),
-                         "--log-level",
-                         args.log_level,
-                         "--sandbox",
-                         args.sandbox,
-                         "--sandbox-hide",
-                         args.state_dir}});
+    Child& d = daemons.emplace_back(
+        Child{id,
+              {self_path,
+               "daemon",
+               "--server-id",
+               id,
+               "--gateway",
+               control,
+               "--gpus",
+               std::to_string(args.gpus_per_host),
+               "--virtual-gpus",
+               "--state-dir",
+               args.state_dir + "/" + id,
+               "--blob-store",
+               args.blob_store,
+               "--credential",
+               args.credential,
+               "--replica-ports",
+               std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
+               "--warm-pool",
+               std::to_string(args.warm_pool),
+               "--log-level",
+               args.log_level,
+               "--sandbox",
+               args.sandbox,
+               "--sandbox-hide",
+               args.state_dir}});
     for (const std::string& dir : args.sandbox_share) {
-      children.back().argv.push_back("--sandbox-share");
-      children.back().argv.push_back(fs::absolute(dir).string());
+      d.argv.push_back("--sandbox-share");
+      d.argv.push_back(fs::absolute(dir).string());
     }
   }
-  auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
-  children[0].pid = Spawn(children[0], log_of(children[0]));
+  return daemons;
+}
+
+// Starts the gateway (children[0]) and waits up to 30 s for it to answer; false (and the gateway
+// stopped) if it exits or does not answer.
+bool StartGateway(std::vector<Child>& children, const UpArgs& args, const std::string& log_path) {
+  children[0].pid = Spawn(children[0], log_path);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!GatewayAnswers(args.port)) {
     int status;
     if (waitpid(children[0].pid, &status, WNOHANG) == children[0].pid ||
         std::chrono::steady_clock::now() > deadline) {
-      std::cerr << "nbos up: the gateway did not start; see " << log_of(children[0]) << "\n";
+      std::cerr << "nbos up: the gateway did not start; see " << log_path << "\n";
       children[0].pid = -1;
       StopAll(children, std::chrono::seconds(5));
-      return 1;
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (args.frontend) children.push_back(FrontendChild(args));  // the last one: stopped first
-  for (size_t i = 1; i < children.size(); ++i)
-    children[i].pid = Spawn(children[i], log_of(children[i]));
-  std::cout << "gateway: http://127.0.0.1:" << args.port << " token: " << args.token << std::endl;
-  if (args.frontend) {
-    std::cout << "frontend: http://127.0.0.1:" << args.frontend_port << "/?token=" << args.token
-              << std::endl;
-  }
+  return true;
+}
 
-  // Serve until told to stop; restart a child that dies (a restarted gateway finds its kernels
-  // in its database, a restarted daemon its replicas' directories).
+// Serves until a stop signal; restarts a child that dies (a restarted gateway finds its kernels
+// in its database, a restarted daemon its replicas' directories). Returns the signal.
+int ServeUp(std::vector<Child>& children, const sigset_t& signals,
+            const std::function<std::string(const Child&)>& log_of) {
   std::atomic<bool> stop{false};
   std::thread reaper([&] {
     while (!stop.load()) {
@@ -572,9 +578,237 @@ int RunUp(UpArgs& args, const std::string& self_path) {
   }
   stop = true;
   reaper.join();
+  return signal_number;
+}
+
+int RunUp(UpArgs& args, const std::string& self_path) {
+  const sigset_t signals = BlockStopSignals();
+  if (std::optional<int> code = PrepareUp(args)) return *code;
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const std::string control = "127.0.0.1:" + std::to_string(FreePort());
+  std::vector<Child> children{GatewayChild(args, self_path, control)};
+  // Without auto-scaling the daemons are this process's children, restarted when they die.
+  if (args.max_hosts == args.hosts) {
+    for (Child& d : DaemonChildren(args, self_path, control)) children.push_back(std::move(d));
+  }
+  auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
+  if (!StartGateway(children, args, log_of(children[0]))) return 1;
+  if (args.frontend) children.push_back(FrontendChild(args));  // the last one: stopped first
+  for (size_t i = 1; i < children.size(); ++i)
+    children[i].pid = Spawn(children[i], log_of(children[i]));
+  std::cout << "gateway: http://127.0.0.1:" << args.port << " token: " << args.token << std::endl;
+  if (args.frontend) {
+    std::cout << "frontend: http://127.0.0.1:" << args.frontend_port << "/?token=" << args.token
+              << std::endl;
+  }
+  const int signal_number = ServeUp(children, signals, log_of);
   std::cerr << "nbos up: " << strsignal(signal_number) << ", stopping\n";
   StopAll(children, std::chrono::seconds(15));
   return 0;
+}
+
+// `nbos gateway`: serving, users and kernels.
+void AddGatewayOptions(CLI::App* gw, GatewayArgs* args) {
+  gw->add_option("--address", args->options.address, "HTTP bind address")->capture_default_str();
+  gw->add_option("--port", args->options.port, "HTTP port (0: any)")->capture_default_str();
+  gw->add_option("--control-address", args->options.control_address,
+                 "host:port of the gRPC service daemons register with")
+      ->capture_default_str();
+  gw->add_option("--token", args->options.token, "Token clients must send (default: $NBOS_TOKEN)");
+  gw->add_flag("--allow-unauthenticated", args->options.allow_unauthenticated,
+               "Serve without a token");
+  gw->add_option("--users", args->options.users_file,
+                 "Users file: JSON [{name, token or token_sha256, admin}]; re-read on SIGHUP");
+  gw->add_option_function<std::string>(
+        "--auth", [args](const std::string& mode) { args->hub_auth = mode == "jupyterhub"; },
+        "token (default; the token and users file) or jupyterhub (also JupyterHub API tokens)")
+      ->check(CLI::IsMember({"token", "jupyterhub"}));
+  gw->add_option("--hub-api-url", args->hub.api_url,
+                 "JupyterHub's API URL for --auth jupyterhub (default: $JUPYTERHUB_API_URL)");
+  gw->add_option_function<double>(
+      "--hub-cache-seconds",
+      [args](double s) { args->hub.cache_ms = static_cast<int64_t>(s * 1000); },
+      "How long a token JupyterHub vouched for is trusted without asking again (default 60)");
+  gw->add_option("--max-kernels-per-user", args->options.max_kernels_per_user,
+                 "Kernels a user who is not an admin may have at once (0: no limit)");
+  gw->add_option("--max-gpus-per-user", args->options.max_gpus_per_user,
+                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
+  gw->add_option("--state-dir", args->options.state_dir, "Where gateway.db lives")->required();
+  gw->add_option("--replicas", args->options.replicas, "Replicas per kernel")
+      ->capture_default_str();
+  gw->add_option("--max-message-bytes", args->options.max_message_bytes,
+                 "Largest HTTP body or Jupyter message accepted")
+      ->capture_default_str();
+  gw->add_option("--allowed-env", args->options.allowed_env,
+                 "Besides KERNEL_*, environment variables passed to kernels");
+  gw->add_option("--kernelspec-alias", args->options.kernelspec_aliases,
+                 "More kernelspec names the kernel is served under, so that notebooks naming "
+                 "them open unchanged (repeatable; replaces the default; \"\" for none)")
+      ->capture_default_str();
+  gw->add_option("--decision-journal", args->options.decision_journal,
+                 "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
+  gw->add_option("--idle-suspend-minutes", args->idle_suspend_minutes,
+                 "Suspend a kernel idle this long: its state checkpointed to the blob store, its "
+                 "replicas stopped; its next request resumes it (0: never; fractions allowed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gw->add_option("--rebalance-interval-ms", args->options.rebalance_interval_ms,
+                 "Move replicas of idle kernels whose servers lack the GPUs of their last cell "
+                 "this often (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+// `nbos gateway`: servers it starts and scales, and its credential.
+void AddGatewayScalingOptions(CLI::App* gw, GatewayArgs* args) {
+  gw->add_option("--local-hosts", args->local_hosts,
+                 "Start this many `nbos daemon` servers (virtual GPUs) on this machine and scale "
+                 "between it and --max-hosts (0: servers register on their own)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gw->add_option("--max-hosts", args->local.max_hosts,
+                 "Most servers (auto-scaling, local or Kubernetes)")
+      ->capture_default_str();
+  gw->add_option("--kubernetes-hosts", args->kubernetes_hosts,
+                 "Create this many daemon Pods (from --kubernetes-pod-template) and scale "
+                 "between it and --max-hosts; the cluster autoscaler adds the nodes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gw->add_option("--kubernetes-pod-template", args->kubernetes_pod_template,
+                 "The daemon Pod (JSON) for --kubernetes-hosts");
+  gw->add_option("--kubernetes-namespace", args->kubernetes_namespace,
+                 "Namespace of the daemon Pods (default: the gateway's own)");
+  gw->add_option("--scaling-interval-ms", args->options.scaling_interval_ms,
+                 "How often auto-scaling decides")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gw->add_option("--gpus-per-host", args->local.gpus_per_host, "Virtual GPUs of a local server")
+      ->capture_default_str();
+  gw->add_option("--local-hosts-dir", args->local.state_dir,
+                 "Local servers' state, logs and pid files (default: --state-dir)");
+  gw->add_option("--local-blob-store", args->local.blob_store_url,
+                 "Blob store of local servers (default dir://HOSTS_DIR/blobs)");
+  gw->add_option("--local-warm-pool", args->local.warm_pool,
+                 "Pre-started replica processes per local server")
+      ->capture_default_str();
+  gw->add_option("--local-sandbox", args->local.sandbox,
+                 "Replica sandboxes of local servers (nbos daemon --sandbox)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  gw->add_option("--local-sandbox-share", args->local.sandbox_share,
+                 "A directory every replica of the local servers may write (repeatable)");
+  gw->add_option("--local-replica-ports", args->local_ports,
+                 "FIRST-LAST: ports split among local servers");
+  gw->add_option("--credential", args->credential_file,
+                 "Cluster credential (nbos credential create): TLS and a token between gateway "
+                 "and daemons. Without it the control plane is plaintext and open");
+  gw->add_option("--log-level", args->log_level)->capture_default_str();
+}
+
+void AddDaemonOptions(CLI::App* d, DaemonArgs* args) {
+  d->add_option("--server-id", args->options.server_id, "Server name (default: host name)");
+  d->add_option("--listen", args->options.listen_address, "host:port of the Daemon service")
+      ->capture_default_str();
+  d->add_option("--gateway", args->options.gateway_address,
+                "host:port of the gateway's control service");
+  d->add_option("--state-dir", args->options.state_dir, "Replica directories")->required();
+  d->add_option("--gpus", args->options.virtual_gpus,
+                "Virtual GPUs when NVML finds none (or with --virtual-gpus)");
+  d->add_flag("--virtual-gpus", args->virtual_gpus_only, "Use virtual GPUs even if NVML works");
+  d->add_option("--vram-per-gpu", args->options.vram_mb_per_gpu, "MB of each virtual GPU")
+      ->capture_default_str();
+  d->add_option("--millicpus", args->options.millicpus, "CPU capacity (0: online CPUs)");
+  d->add_option("--memory-mb", args->options.memory_mb, "Memory capacity (0: physical)");
+  d->add_option("--blob-store", args->options.blob_store_url,
+                "Blob store of the replicas: dir:///path (one machine; default "
+                "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL");
+  d->add_option("--advertise-ip", args->options.advertise_ip)->capture_default_str();
+  d->add_option("--credential", args->credential_file,
+                "Cluster credential, the gateway's (nbos credential create)");
+  d->add_option("--warm-pool", args->options.warm_pool_size,
+                "Pre-started replica processes kept ready for launches")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  d->add_option("--warm-preload", args->options.warm_preload,
+                "Python modules warm replica processes import ahead (e.g. torch)");
+  d->add_option("--replica-ports", args->replica_ports,
+                "FIRST-LAST: TCP ports replicas bind, outside the ephemeral range (default " +
+                    std::to_string(daemon::PortRange{}.first) + "-" +
+                    std::to_string(daemon::PortRange{}.last) + ")");
+  d->add_option("--log-level", args->log_level)->capture_default_str();
+  d->add_option("--sandbox", args->options.sandbox,
+                "Replica sandboxes: auto (where bubblewrap works), on (required) or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  d->add_option("--sandbox-hide", args->options.sandbox_hide,
+                "A file or directory replicas must not see, besides --state-dir (repeatable)");
+  d->add_option("--sandbox-share", args->options.sandbox_share,
+                "A directory every replica may write, e.g. a team's scratch space (repeatable; "
+                "its permissions decide which kernels' users can)");
+}
+
+// `nbos up`: the cluster and its front end.
+void AddUpOptions(CLI::App* up, UpArgs* args) {
+  up->add_option("--hosts", args->hosts, "Daemons (servers) to start")->capture_default_str();
+  up->add_option("--gpus-per-host", args->gpus_per_host, "Virtual GPUs per server")
+      ->capture_default_str();
+  up->add_option("--max-hosts", args->max_hosts,
+                 "Auto-scaling: grow up to this many servers when the load needs them and shrink "
+                 "back to --hosts when idle (default: --hosts, a fixed cluster)")
+      ->capture_default_str();
+  up->add_option("--scaling-interval-ms", args->scaling_interval_ms,
+                 "How often auto-scaling decides")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  up->add_option("--port", args->port, "Gateway HTTP port (0: any)")->capture_default_str();
+  up->add_flag("--frontend", args->frontend,
+               "Also serve Jupyter Notebook (Debian's, on the gateway) for the browser");
+  up->add_option("--frontend-port", args->frontend_port, "Its HTTP port (0: any)")
+      ->capture_default_str();
+  up->add_option("--frontend-dir", args->frontend_dir,
+                 "Where its notebooks live (default: the current directory)");
+  up->add_option("--warm-pool", args->warm_pool, "Pre-started replica processes per server")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  up->add_option("--sandbox", args->sandbox,
+                 "Replica sandboxes: auto (where bubblewrap works), on (required) or off; the "
+                 "whole --state-dir is hidden from replicas")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  up->add_option("--sandbox-share", args->sandbox_share,
+                 "A directory every replica may write, e.g. a team's scratch space (repeatable; "
+                 "its permissions decide which kernels' users can)");
+}
+
+// `nbos up`: state, users and what it passes on to the gateway.
+void AddUpGatewayOptions(CLI::App* up, UpArgs* args) {
+  up->add_option("--state-dir", args->state_dir, "All state (default ~/.local/state/nbos)");
+  up->add_option("--blob-store", args->blob_store,
+                 "Blob store of the servers: dir:///path (one machine; default "
+                 "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL "
+                 "(credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)");
+  up->add_option("--token", args->token,
+                 "The admin's client token (default: $NBOS_TOKEN or random)");
+  up->add_option("--users", args->users_file,
+                 "Users file for the gateway (nbos gateway --users); SIGHUP re-reads it");
+  up->add_option("--max-kernels-per-user", args->max_kernels_per_user,
+                 "Kernels a user who is not an admin may have at once (0: no limit)");
+  up->add_option("--max-gpus-per-user", args->max_gpus_per_user,
+                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
+  up->add_option("--credential", args->credential,
+                 "Cluster credential of gateway and daemons (default STATE/cluster.credential, "
+                 "created when missing)");
+  up->add_option("--decision-journal", args->decision_journal,
+                 "The gateway's decision journal (see nbos gateway --help)");
+  up->add_option("--idle-suspend-minutes", args->idle_suspend_minutes,
+                 "The gateway's suspension of idle kernels (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  up->add_option("--rebalance-interval-ms", args->rebalance_interval_ms,
+                 "The gateway's idle-kernel rebalancing (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  up->add_option("--log-level", args->log_level)->capture_default_str();
 }
 
 }  // namespace
@@ -583,199 +817,18 @@ std::function<int()> AddClusterCommands(CLI::App& app, std::string self_path) {
   auto gw_args = std::make_shared<GatewayArgs>();
   auto* gw =
       app.add_subcommand("gateway", "Serve the Jupyter Kernel Gateway API (global scheduler)");
-  gw->add_option("--address", gw_args->options.address, "HTTP bind address")->capture_default_str();
-  gw->add_option("--port", gw_args->options.port, "HTTP port (0: any)")->capture_default_str();
-  gw->add_option("--control-address", gw_args->options.control_address,
-                 "host:port of the gRPC service daemons register with")
-      ->capture_default_str();
-  gw->add_option("--token", gw_args->options.token,
-                 "Token clients must send (default: $NBOS_TOKEN)");
-  gw->add_flag("--allow-unauthenticated", gw_args->options.allow_unauthenticated,
-               "Serve without a token");
-  gw->add_option("--users", gw_args->options.users_file,
-                 "Users file: JSON [{name, token or token_sha256, admin}]; re-read on SIGHUP");
-  gw->add_option_function<std::string>(
-        "--auth", [gw_args](const std::string& mode) { gw_args->hub_auth = mode == "jupyterhub"; },
-        "token (default; the token and users file) or jupyterhub (also JupyterHub API tokens)")
-      ->check(CLI::IsMember({"token", "jupyterhub"}));
-  gw->add_option("--hub-api-url", gw_args->hub.api_url,
-                 "JupyterHub's API URL for --auth jupyterhub (default: $JUPYTERHUB_API_URL)");
-  gw->add_option_function<double>(
-      "--hub-cache-seconds",
-      [gw_args](double s) { gw_args->hub.cache_ms = static_cast<int64_t>(s * 1000); },
-      "How long a token JupyterHub vouched for is trusted without asking again (default 60)");
-  gw->add_option("--max-kernels-per-user", gw_args->options.max_kernels_per_user,
-                 "Kernels a user who is not an admin may have at once (0: no limit)");
-  gw->add_option("--max-gpus-per-user", gw_args->options.max_gpus_per_user,
-                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
-  gw->add_option("--state-dir", gw_args->options.state_dir, "Where gateway.db lives")->required();
-  gw->add_option("--replicas", gw_args->options.replicas, "Replicas per kernel")
-      ->capture_default_str();
-  gw->add_option("--max-message-bytes", gw_args->options.max_message_bytes,
-                 "Largest HTTP body or Jupyter message accepted")
-      ->capture_default_str();
-  gw->add_option("--allowed-env", gw_args->options.allowed_env,
-                 "Besides KERNEL_*, environment variables passed to kernels");
-  gw->add_option("--kernelspec-alias", gw_args->options.kernelspec_aliases,
-                 "More kernelspec names the kernel is served under, so that notebooks naming "
-                 "them open unchanged (repeatable; replaces the default; \"\" for none)")
-      ->capture_default_str();
-  gw->add_option("--decision-journal", gw_args->options.decision_journal,
-                 "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
-  gw->add_option("--idle-suspend-minutes", gw_args->idle_suspend_minutes,
-                 "Suspend a kernel idle this long: its state checkpointed to the blob store, its "
-                 "replicas stopped; its next request resumes it (0: never; fractions allowed)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  gw->add_option("--rebalance-interval-ms", gw_args->options.rebalance_interval_ms,
-                 "Move replicas of idle kernels whose servers lack the GPUs of their last cell "
-                 "this often (0: off)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  gw->add_option("--local-hosts", gw_args->local_hosts,
-                 "Start this many `nbos daemon` servers (virtual GPUs) on this machine and scale "
-                 "between it and --max-hosts (0: servers register on their own)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  gw->add_option("--max-hosts", gw_args->local.max_hosts,
-                 "Most servers (auto-scaling, local or Kubernetes)")
-      ->capture_default_str();
-  gw->add_option("--kubernetes-hosts", gw_args->kubernetes_hosts,
-                 "Create this many daemon Pods (from --kubernetes-pod-template) and scale "
-                 "between it and --max-hosts; the cluster autoscaler adds the nodes")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  gw->add_option("--kubernetes-pod-template", gw_args->kubernetes_pod_template,
-                 "The daemon Pod (JSON) for --kubernetes-hosts");
-  gw->add_option("--kubernetes-namespace", gw_args->kubernetes_namespace,
-                 "Namespace of the daemon Pods (default: the gateway's own)");
-  gw->add_option("--scaling-interval-ms", gw_args->options.scaling_interval_ms,
-                 "How often auto-scaling decides")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  gw->add_option("--gpus-per-host", gw_args->local.gpus_per_host, "Virtual GPUs of a local server")
-      ->capture_default_str();
-  gw->add_option("--local-hosts-dir", gw_args->local.state_dir,
-                 "Local servers' state, logs and pid files (default: --state-dir)");
-  gw->add_option("--local-blob-store", gw_args->local.blob_store_url,
-                 "Blob store of local servers (default dir://HOSTS_DIR/blobs)");
-  gw->add_option("--local-warm-pool", gw_args->local.warm_pool,
-                 "Pre-started replica processes per local server")
-      ->capture_default_str();
-  gw->add_option("--local-sandbox", gw_args->local.sandbox,
-                 "Replica sandboxes of local servers (nbos daemon --sandbox)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  gw->add_option("--local-sandbox-share", gw_args->local.sandbox_share,
-                 "A directory every replica of the local servers may write (repeatable)");
-  gw->add_option("--local-replica-ports", gw_args->local_ports,
-                 "FIRST-LAST: ports split among local servers");
-  gw->add_option("--credential", gw_args->credential_file,
-                 "Cluster credential (nbos credential create): TLS and a token between gateway "
-                 "and daemons. Without it the control plane is plaintext and open");
-  gw->add_option("--log-level", gw_args->log_level)->capture_default_str();
+  AddGatewayOptions(gw, gw_args.get());
+  AddGatewayScalingOptions(gw, gw_args.get());
 
   auto d_args = std::make_shared<DaemonArgs>();
   auto* d = app.add_subcommand("daemon", "Run the local scheduler of one GPU server");
-  d->add_option("--server-id", d_args->options.server_id, "Server name (default: host name)");
-  d->add_option("--listen", d_args->options.listen_address, "host:port of the Daemon service")
-      ->capture_default_str();
-  d->add_option("--gateway", d_args->options.gateway_address,
-                "host:port of the gateway's control service");
-  d->add_option("--state-dir", d_args->options.state_dir, "Replica directories")->required();
-  d->add_option("--gpus", d_args->options.virtual_gpus,
-                "Virtual GPUs when NVML finds none (or with --virtual-gpus)");
-  d->add_flag("--virtual-gpus", d_args->virtual_gpus_only, "Use virtual GPUs even if NVML works");
-  d->add_option("--vram-per-gpu", d_args->options.vram_mb_per_gpu, "MB of each virtual GPU")
-      ->capture_default_str();
-  d->add_option("--millicpus", d_args->options.millicpus, "CPU capacity (0: online CPUs)");
-  d->add_option("--memory-mb", d_args->options.memory_mb, "Memory capacity (0: physical)");
-  d->add_option("--blob-store", d_args->options.blob_store_url,
-                "Blob store of the replicas: dir:///path (one machine; default "
-                "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL");
-  d->add_option("--advertise-ip", d_args->options.advertise_ip)->capture_default_str();
-  d->add_option("--credential", d_args->credential_file,
-                "Cluster credential, the gateway's (nbos credential create)");
-  d->add_option("--warm-pool", d_args->options.warm_pool_size,
-                "Pre-started replica processes kept ready for launches")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  d->add_option("--warm-preload", d_args->options.warm_preload,
-                "Python modules warm replica processes import ahead (e.g. torch)");
-  d->add_option("--replica-ports", d_args->replica_ports,
-                "FIRST-LAST: TCP ports replicas bind, outside the ephemeral range (default " +
-                    std::to_string(daemon::PortRange{}.first) + "-" +
-                    std::to_string(daemon::PortRange{}.last) + ")");
-  d->add_option("--log-level", d_args->log_level)->capture_default_str();
-  d->add_option("--sandbox", d_args->options.sandbox,
-                "Replica sandboxes: auto (where bubblewrap works), on (required) or off")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  d->add_option("--sandbox-hide", d_args->options.sandbox_hide,
-                "A file or directory replicas must not see, besides --state-dir (repeatable)");
-  d->add_option("--sandbox-share", d_args->options.sandbox_share,
-                "A directory every replica may write, e.g. a team's scratch space (repeatable; "
-                "its permissions decide which kernels' users can)");
+  AddDaemonOptions(d, d_args.get());
 
   auto up_args = std::make_shared<UpArgs>();
   auto* up =
       app.add_subcommand("up", "Start a gateway and daemons with virtual GPUs on this machine");
-  up->add_option("--hosts", up_args->hosts, "Daemons (servers) to start")->capture_default_str();
-  up->add_option("--gpus-per-host", up_args->gpus_per_host, "Virtual GPUs per server")
-      ->capture_default_str();
-  up->add_option("--max-hosts", up_args->max_hosts,
-                 "Auto-scaling: grow up to this many servers when the load needs them and shrink "
-                 "back to --hosts when idle (default: --hosts, a fixed cluster)")
-      ->capture_default_str();
-  up->add_option("--scaling-interval-ms", up_args->scaling_interval_ms,
-                 "How often auto-scaling decides")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  up->add_option("--port", up_args->port, "Gateway HTTP port (0: any)")->capture_default_str();
-  up->add_flag("--frontend", up_args->frontend,
-               "Also serve Jupyter Notebook (Debian's, on the gateway) for the browser");
-  up->add_option("--frontend-port", up_args->frontend_port, "Its HTTP port (0: any)")
-      ->capture_default_str();
-  up->add_option("--frontend-dir", up_args->frontend_dir,
-                 "Where its notebooks live (default: the current directory)");
-  up->add_option("--warm-pool", up_args->warm_pool, "Pre-started replica processes per server")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 64));
-  up->add_option("--sandbox", up_args->sandbox,
-                 "Replica sandboxes: auto (where bubblewrap works), on (required) or off; the "
-                 "whole --state-dir is hidden from replicas")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  up->add_option("--sandbox-share", up_args->sandbox_share,
-                 "A directory every replica may write, e.g. a team's scratch space (repeatable; "
-                 "its permissions decide which kernels' users can)");
-  up->add_option("--state-dir", up_args->state_dir, "All state (default ~/.local/state/nbos)");
-  up->add_option("--blob-store", up_args->blob_store,
-                 "Blob store of the servers: dir:///path (one machine; default "
-                 "dir://STATE/blobs), redis://host:port/db or s3://bucket/prefix?endpoint=URL "
-                 "(credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)");
-  up->add_option("--token", up_args->token,
-                 "The admin's client token (default: $NBOS_TOKEN or random)");
-  up->add_option("--users", up_args->users_file,
-                 "Users file for the gateway (nbos gateway --users); SIGHUP re-reads it");
-  up->add_option("--max-kernels-per-user", up_args->max_kernels_per_user,
-                 "Kernels a user who is not an admin may have at once (0: no limit)");
-  up->add_option("--max-gpus-per-user", up_args->max_gpus_per_user,
-                 "GPUs a user's kernels (not an admin's) may subscribe at once (0: no limit)");
-  up->add_option("--credential", up_args->credential,
-                 "Cluster credential of gateway and daemons (default STATE/cluster.credential, "
-                 "created when missing)");
-  up->add_option("--decision-journal", up_args->decision_journal,
-                 "The gateway's decision journal (see nbos gateway --help)");
-  up->add_option("--idle-suspend-minutes", up_args->idle_suspend_minutes,
-                 "The gateway's suspension of idle kernels (see nbos gateway --help)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  up->add_option("--rebalance-interval-ms", up_args->rebalance_interval_ms,
-                 "The gateway's idle-kernel rebalancing (see nbos gateway --help)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  up->add_option("--log-level", up_args->log_level)->capture_default_str();
+  AddUpOptions(up, up_args.get());
+  AddUpGatewayOptions(up, up_args.get());
 
   auto credential_file = std::make_shared<std::string>();
   auto* cred = app.add_subcommand("credential", "Manage the cluster credential");
