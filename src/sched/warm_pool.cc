@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cmath>
 #include <map>
+#include <string_view>
 #include <tuple>
 
 namespace nbos::sched {
@@ -55,28 +56,76 @@ int64_t WarmPoolTarget(const WarmPoolOptions& options, int64_t accepting_servers
   return std::max<int64_t>(target, 0);
 }
 
+namespace {
+
+// An accepting server's holdings.
+struct Slot {
+  const WarmPoolServer* server;
+  int32_t held;  // warm + starting, after this call's actions
+};
+
+using Actions = std::map<std::string, WarmPoolAction>;  // by id, so the output order is fixed
+
+WarmPoolAction& ActionFor(Actions& actions, const WarmPoolServer& s) {
+  WarmPoolAction& a = actions[s.server_id];
+  a.server_id = s.server_id;
+  return a;
+}
+
+// Starts `missing` processes, each on the emptiest server below `cap`: O(deficit × servers),
+// both small.
+void FillEmptiest(std::vector<Slot>& slots, int64_t missing, int32_t cap, Actions& actions) {
+  for (; missing > 0; --missing) {
+    Slot* best = nullptr;
+    for (Slot& slot : slots) {
+      if (slot.held >= cap) continue;
+      if (best == nullptr || std::tie(slot.held, slot.server->server_id) <
+                                 std::tie(best->held, best->server->server_id)) {
+        best = &slot;
+      }
+    }
+    if (best == nullptr) break;
+    ++best->held;
+    ++ActionFor(actions, *best->server).start;
+  }
+}
+
+// Stops `surplus` warm processes, each on the server holding the most. Only warm processes can be
+// stopped; starting ones finish and are trimmed next round.
+void TrimFullest(std::vector<Slot>& slots, int64_t surplus, Actions& actions) {
+  std::vector<int32_t> stoppable;
+  for (Slot& slot : slots) stoppable.push_back(slot.server->warm);
+  for (; surplus > 0; --surplus) {
+    int best = -1;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (stoppable[i] <= 0) continue;
+      if (best < 0 ||
+          std::make_tuple(-slots[i].held, std::string_view(slots[i].server->server_id)) <
+              std::make_tuple(-slots[best].held, std::string_view(slots[best].server->server_id))) {
+        best = static_cast<int>(i);
+      }
+    }
+    if (best < 0) break;
+    --slots[best].held;
+    --stoppable[best];
+    ++ActionFor(actions, *slots[best].server).stop;
+  }
+}
+
+}  // namespace
+
 std::vector<WarmPoolAction> SizeWarmPool(const WarmPoolOptions& options,
                                          const std::vector<WarmPoolServer>& servers,
                                          double arrivals_per_min) {
   assert(arrivals_per_min >= 0);
-  std::map<std::string, WarmPoolAction> actions;  // by id, so the output order is fixed
-  auto action = [&](const WarmPoolServer& s) -> WarmPoolAction& {
-    WarmPoolAction& a = actions[s.server_id];
-    a.server_id = s.server_id;
-    return a;
-  };
+  Actions actions;
   const int32_t cap = options.max_per_host < 0 ? INT32_MAX : options.max_per_host;
-
   // Current holdings of accepting servers; non-accepting ones lose their warm processes.
-  struct Slot {
-    const WarmPoolServer* server;
-    int32_t held;  // warm + starting, after this call's actions
-  };
   std::vector<Slot> slots;
   int64_t held_total = 0;
   for (const WarmPoolServer& s : servers) {
     if (!s.accepting) {
-      if (s.warm > 0) action(s).stop = s.warm;
+      if (s.warm > 0) ActionFor(actions, s).stop = s.warm;
       continue;
     }
     slots.push_back({&s, s.warm + s.starting});
@@ -84,52 +133,21 @@ std::vector<WarmPoolAction> SizeWarmPool(const WarmPoolOptions& options,
   }
   const int64_t target =
       WarmPoolTarget(options, static_cast<int64_t>(slots.size()), arrivals_per_min);
-
   if (options.policy == WarmPoolPolicy::kMinimumCapacity) {
     // Per host, not cluster-wide: every server needs its own minimum (a migration target is
     // chosen per server). Above the minimum nothing is stopped unless over the per-host cap.
     for (Slot& slot : slots) {
       const int32_t want = std::min(std::max(options.min_per_host, 0), cap);
-      if (slot.held < want) action(*slot.server).start = want - slot.held;
-      if (slot.held > cap) action(*slot.server).stop = std::min(slot.held - cap, slot.server->warm);
+      if (slot.held < want) ActionFor(actions, *slot.server).start = want - slot.held;
+      if (slot.held > cap) {
+        ActionFor(actions, *slot.server).stop = std::min(slot.held - cap, slot.server->warm);
+      }
     }
   } else if (held_total < target) {
-    // Fill the emptiest server one process at a time: O(deficit × servers), both small.
-    for (int64_t missing = target - held_total; missing > 0; --missing) {
-      Slot* best = nullptr;
-      for (Slot& slot : slots) {
-        if (slot.held >= cap) continue;
-        if (best == nullptr || std::tie(slot.held, slot.server->server_id) <
-                                   std::tie(best->held, best->server->server_id)) {
-          best = &slot;
-        }
-      }
-      if (best == nullptr) break;
-      ++best->held;
-      ++action(*best->server).start;
-    }
+    FillEmptiest(slots, target - held_total, cap, actions);
   } else if (held_total > target) {
-    // Only warm processes can be stopped; starting ones finish and are trimmed next round.
-    std::vector<int32_t> stoppable;
-    for (Slot& slot : slots) stoppable.push_back(slot.server->warm);
-    for (int64_t surplus = held_total - target; surplus > 0; --surplus) {
-      int best = -1;
-      for (size_t i = 0; i < slots.size(); ++i) {
-        if (stoppable[i] <= 0) continue;
-        if (best < 0 ||
-            std::make_tuple(-slots[i].held, std::string_view(slots[i].server->server_id)) <
-                std::make_tuple(-slots[best].held,
-                                std::string_view(slots[best].server->server_id))) {
-          best = static_cast<int>(i);
-        }
-      }
-      if (best < 0) break;
-      --slots[best].held;
-      --stoppable[best];
-      ++action(*slots[best].server).stop;
-    }
+    TrimFullest(slots, held_total - target, actions);
   }
-
   std::vector<WarmPoolAction> out;
   for (auto& [id, a] : actions) {
     if (a.start > 0 || a.stop > 0) out.push_back(std::move(a));
