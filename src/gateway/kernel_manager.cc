@@ -362,6 +362,20 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   return *restarted;
 }
 
+// A resume the last gateway did not see through: its replicas may never have started, and no
+// cell has run on them (the kernel's state is still the checkpoint). The kernel is suspended
+// again; its next request resumes it anew, and the attempt's replicas, now unknown, are stopped as
+// orphans once their daemons report them.
+void KernelManager::UndoCutOffResume(StoredKernel& meta) {
+  spdlog::warn("kernel {}: its resume was cut off by a gateway restart; it stays suspended",
+               meta.kernel_id);
+  meta.replicas.clear();
+  meta.resuming = false;
+  if (Status s = store_->Put(meta); !s.ok()) {
+    spdlog::warn("kernel {}: recording the undone resume: {}", meta.kernel_id, s.ToString());
+  }
+}
+
 Status KernelManager::Restore() {
   auto stored = store_->List();
   if (!stored.ok()) return stored.status();
@@ -369,6 +383,7 @@ Status KernelManager::Restore() {
     KernelRecord k;
     k.request = ResourcesFromJson(meta.resources, options_.default_request);
     k.meta = std::move(meta);
+    if (k.meta.resuming) UndoCutOffResume(k.meta);
     auto session = StartSession(k);
     if (!session.ok()) {
       spdlog::error("kernel {} could not be restored: {}", k.meta.kernel_id,

@@ -86,6 +86,8 @@ class KernelManager {
   void OnShutdownRequested(const std::string& kernel_id, bool restart);
   Status ResumeOnce(const std::string& kernel_id, SteadyClock::time_point deadline, bool* placed);
   Status LinkResumedReplicas(const std::string& kernel_id, SteadyClock::time_point deadline);
+  Status RecordResumed(const std::string& kernel_id);
+  void UndoCutOffResume(StoredKernel& meta);
   Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;

@@ -121,6 +121,7 @@ Status KernelManager::ResumeOnce(const std::string& kernel_id, SteadyClock::time
   *placed = servers.ok();
   Status s = servers.ok() ? LaunchReplicas(kernel_id, *servers) : servers.status();
   if (s.ok()) s = LinkResumedReplicas(kernel_id, deadline);
+  if (s.ok()) s = RecordResumed(kernel_id);
   if (s.ok()) return s;
   if (std::optional<KernelRecord> failed = registry_->FindKernel(kernel_id); failed) {
     for (const StoredReplica& r : failed->meta.replicas) {
@@ -146,7 +147,10 @@ Status KernelManager::LinkResumedReplicas(const std::string& kernel_id,
   const SteadyClock::time_point linked = SteadyClock::now();
   std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
   if (!k) return NotFound("kernel " + kernel_id + " was deleted while it resumed");
-  if (Status s = store_->Put(k->meta); !s.ok()) return s;
+  StoredKernel resuming = k->meta;
+  resuming.resuming = true;
+  if (Status s = store_->Put(resuming); !s.ok()) return s;
+  spdlog::info("kernel {}: waiting for its resumed replicas", kernel_id);
   std::vector<ReplicaId> ids;
   for (const StoredReplica& r : k->meta.replicas) {
     auto conn = jupyter::ParseConnectionInfo(r.connection_json);
@@ -160,6 +164,14 @@ Status KernelManager::LinkResumedReplicas(const std::string& kernel_id,
   return k->session->AwaitReplicas(ids, left, [this, meta = k->meta, linked] {
     return registry_->CheckReplicasNotGivenUp(meta, linked);
   });
+}
+
+// Until this is stored, a gateway restarted would take the kernel for suspended (the attempt cut
+// off): its cells from now on must not be lost that way, so a failure here fails the attempt.
+Status KernelManager::RecordResumed(const std::string& kernel_id) {
+  std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
+  if (!k) return NotFound("kernel " + kernel_id + " was deleted while it resumed");
+  return store_->Put(k->meta);
 }
 
 }  // namespace nbos::gateway

@@ -41,14 +41,15 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
     return Unavailable("opening the gateway database " + path + ": " + message);
   }
   std::unique_ptr<MetadataStore> store(new MetadataStore(db));
-  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
-                          "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
-                          "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
-                          "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT, owner TEXT)"}) {
+  for (const char* sql :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
+        "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
+        "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
+        "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT, owner TEXT, resuming TEXT)"}) {
     if (Status s = store->Exec(sql); !s.ok()) return s;
   }
   // Databases written before a column existed gain it; their kernels read as not having it.
-  for (const char* column : {"env", "checkpoint", "owner"}) {
+  for (const char* column : {"env", "checkpoint", "owner", "resuming"}) {
     Statement probe;
     const std::string select = std::string("SELECT ") + column + " FROM kernels LIMIT 0";
     if (sqlite3_prepare_v2(db, select.c_str(), -1, &probe.stmt, nullptr) != SQLITE_OK) {
@@ -75,19 +76,21 @@ Status MetadataStore::Exec(const char* sql) {
 Status MetadataStore::Put(const StoredKernel& k) {
   std::lock_guard lock(Mu());
   Statement st;
-  if (sqlite3_prepare_v2(
-          db_,
-          "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
-          "created, replicas, env, checkpoint, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-          -1, &st.stmt, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
+                         "created, replicas, env, checkpoint, owner, resuming) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
   }
   const std::string resources = k.resources.dump();
   const std::string replicas = ReplicasToJson(k.replicas).dump();
   const std::string env = Json(k.env).dump();
-  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key, &k.session_id, &resources,
-                                 &k.created,   &replicas,     &env,   &k.checkpoint, &k.owner};
-  for (int i = 0; i < 10; ++i) {
+  const std::string resuming = k.resuming ? "1" : "";
+  const std::string* values[] = {&k.kernel_id,  &k.kernelspec, &k.key,    &k.session_id,
+                                 &resources,    &k.created,    &replicas, &env,
+                                 &k.checkpoint, &k.owner,      &resuming};
+  for (int i = 0; i < 11; ++i) {
     sqlite3_bind_text(st.stmt, i + 1, values[i]->c_str(), static_cast<int>(values[i]->size()),
                       SQLITE_TRANSIENT);
   }
@@ -117,7 +120,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "SELECT id, kernelspec, key, session, resources, created, replicas, env, "
-                         "checkpoint, owner "
+                         "checkpoint, owner, resuming "
                          "FROM kernels ORDER BY created",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
@@ -152,6 +155,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
     }
     k.checkpoint = text(8);
     k.owner = text(9);
+    k.resuming = text(10) == "1";
     out.push_back(std::move(k));
   }
   if (rc != SQLITE_DONE)

@@ -39,6 +39,10 @@ struct StoredKernel {
   // The user who started the kernel (http::Identity::user); only they and admins may use it.
   // Empty: started by an unnamed caller, or recorded before kernels had owners.
   std::string owner;
+  // Set while a resume's replicas are recorded but have not all answered yet: a gateway restarted
+  // meanwhile restores the kernel suspended on `checkpoint`, and the attempt's replicas, unknown
+  // to it, are stopped as orphans.
+  bool resuming = false;
 };
 
 class MetadataStore {

@@ -24,6 +24,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
     k.env = {{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}};
     k.checkpoint = "c0ffee";
     k.owner = "alice";
+    k.resuming = true;
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -45,9 +46,10 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
             (std::map<std::string, std::string>{{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}}));
   EXPECT_EQ(k.checkpoint, "c0ffee");
   EXPECT_EQ(k.owner, "alice");
+  EXPECT_TRUE(k.resuming);
 }
 
-TEST(MetadataStoreTest, DatabaseWithoutTheEnvCheckpointAndOwnerColumnsIsUpgraded) {
+TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
   store::ScopedTempDir dir;
   const std::string path = (dir.path() / "gateway.db").string();
   {
@@ -69,6 +71,7 @@ TEST(MetadataStoreTest, DatabaseWithoutTheEnvCheckpointAndOwnerColumnsIsUpgraded
   fresh.created = "2026-01-02T00:00:00.000000Z";
   fresh.env = {{"KERNEL_X", "1"}};
   fresh.owner = "bob";
+  fresh.resuming = true;
   ASSERT_TRUE((*db)->Put(fresh).ok());
   auto kernels = (*db)->List();
   ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
@@ -77,8 +80,10 @@ TEST(MetadataStoreTest, DatabaseWithoutTheEnvCheckpointAndOwnerColumnsIsUpgraded
   EXPECT_TRUE((*kernels)[0].env.empty());
   EXPECT_TRUE((*kernels)[0].checkpoint.empty());
   EXPECT_TRUE((*kernels)[0].owner.empty());
+  EXPECT_FALSE((*kernels)[0].resuming);
   EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
   EXPECT_EQ((*kernels)[1].owner, "bob");
+  EXPECT_TRUE((*kernels)[1].resuming);
 }
 
 TEST(MetadataStoreTest, UnopenablePathIsAClearError) {

@@ -212,3 +212,39 @@ def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(
     reply, iopub = ks.execute("print(kept)")
     assert_kept_state(reply, iopub)
     delete_kernel(c, kid, ks)
+
+
+def test_a_gateway_killed_while_a_resume_waits_for_its_replicas_finds_the_kernel_suspended(cluster):
+    """The gateway goes down after a resume attempt has recorded its replicas and before they
+    answer (here they cannot: the checkpoint is unreadable, and they exit). Restarted, it must
+    restore the kernel suspended on its checkpoint, not on the attempt's replicas, and the next
+    cell resumes it with its state."""
+    c = cluster
+    kid, ks, _ = kernel_with_state(c, "kept = 'state'")
+    wait_suspended(c, kid)
+    cell = threading.Thread(target=lambda: execute_ignoring_errors(ks, "print(kept)"))
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    with checkpoints_away(c):
+        cell.start()
+        deadline = time.time() + 45
+        while "waiting for its resumed replicas" not in gateway_log.read_text(errors="replace"):
+            assert time.time() < deadline, "no resume attempt waited for its replicas"
+            time.sleep(0.05)
+        c.kill_gateway()
+        # The attempt's replicas fail on the missing checkpoint until their daemons give up.
+        logs = [pathlib.Path(c.ps.root, f"host-{i}.log") for i in range(1, c.hosts + 1)]
+        deadline = time.time() + 90
+        while sum(log.read_text(errors="replace").count("restart budget spent")
+                  for log in logs) < 3:
+            assert time.time() < deadline, "the attempt's replicas were not given up"
+            time.sleep(0.2)
+        c.wait_no_replicas()
+    cell.join(timeout=60)
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    kernel = kernel_of(c, kid)
+    assert kernel["suspended"] and kernel["replicas"] == [], kernel
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, iopub = ks.execute("print(kept)")
+    assert_kept_state(reply, iopub)
+    delete_kernel(c, kid, ks)
