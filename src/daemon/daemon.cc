@@ -595,6 +595,13 @@ void Daemon::NudgeHeartbeat() {
   reg_cv_.notify_all();
 }
 
+struct Daemon::GatewayLink {
+  std::unique_ptr<control::Gateway::Stub> stub;
+  std::chrono::milliseconds interval;  // between heartbeats, as the gateway asked
+  bool registered = false;
+  bool warned = false;  // one warning per unreachable streak, not one per retry
+};
+
 void Daemon::RegistrationLoop() {
   // gRPC's default reconnect backoff starts at 1 s and grows to 120 s; a gateway that restarts
   // should see its servers again within a couple of seconds.
@@ -608,73 +615,74 @@ void Daemon::RegistrationLoop() {
   control::AddChannelArguments(options_.credential, &args);
   auto channel = grpc::CreateCustomChannel(options_.gateway_address,
                                            control::ChannelCredentials(options_.credential), args);
-  auto stub = control::Gateway::NewStub(channel);
-  auto interval = options_.default_heartbeat_interval;
-  bool registered = false;
-  bool warned = false;  // one warning per unreachable streak, not one per retry
+  GatewayLink link{control::Gateway::NewStub(channel), options_.default_heartbeat_interval};
   std::unique_lock lock(reg_mu_);
   while (!stopping_) {
     heartbeat_now_ = false;
     lock.unlock();
-    auto deadline = std::chrono::system_clock::now() + options_.gateway_rpc_timeout;
-    std::chrono::milliseconds wait = interval;
-    if (!registered) {
-      control::RegisterRequest req;
-      req.set_server_id(options_.server_id);
-      req.set_daemon_address(address_);
-      {
-        std::lock_guard ledger_lock(mu_);
-        ToProto(ledger_.spec(), req.mutable_spec());
-      }
-      req.set_gpus_virtual(gpus_.is_virtual);
-      control::RegisterReply reply;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      grpc::Status s = stub->Register(&ctx, req, &reply);
-      if (s.ok()) {
-        registered = true;
-        warned = false;
-        if (reply.heartbeat_interval_ms() > 0) {
-          interval = std::chrono::milliseconds(reply.heartbeat_interval_ms());
-        }
-        spdlog::info("daemon {} registered with gateway {} (heartbeat every {} ms)",
-                     options_.server_id, options_.gateway_address, interval.count());
-        wait = std::chrono::milliseconds(0);  // the gateway wants the ledger right away
-      } else {
-        if (!warned) {
-          spdlog::warn("daemon {}: cannot register with gateway {}: {}", options_.server_id,
-                       options_.gateway_address, s.error_message());
-          warned = true;
-        }
-        wait = options_.register_retry;
-      }
-    } else {
-      control::HeartbeatRequest req;
-      *req.mutable_status() = GetStatus();
-      control::HeartbeatReply reply;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(deadline);
-      grpc::Status s = stub->Heartbeat(&ctx, req, &reply);
-      if (!s.ok()) {
-        // The gateway may have restarted and lost us; register again when it is back.
-        spdlog::warn("daemon {}: heartbeat to {} failed: {}", options_.server_id,
-                     options_.gateway_address, s.error_message());
-        registered = false;
-        warned = true;
-        wait = options_.register_retry;
-      } else if (!reply.known()) {
-        spdlog::info("daemon {}: gateway does not know this server; registering again",
-                     options_.server_id);
-        registered = false;
-        wait = std::chrono::milliseconds(0);
-      }
-    }
+    const std::chrono::milliseconds wait =
+        link.registered ? HeartbeatOnce(link) : RegisterOnce(link);
     lock.lock();
-    registered_ = registered;
+    registered_ = link.registered;
     // A nudge (a replica exited or changed) sends the next heartbeat early; it does not make
     // registration retries any faster.
-    reg_cv_.wait_for(lock, wait, [&] { return stopping_ || (registered && heartbeat_now_); });
+    reg_cv_.wait_for(lock, wait, [&] { return stopping_ || (link.registered && heartbeat_now_); });
   }
+}
+
+std::chrono::milliseconds Daemon::RegisterOnce(GatewayLink& link) {
+  control::RegisterRequest req;
+  req.set_server_id(options_.server_id);
+  req.set_daemon_address(address_);
+  {
+    std::lock_guard ledger_lock(mu_);
+    ToProto(ledger_.spec(), req.mutable_spec());
+  }
+  req.set_gpus_virtual(gpus_.is_virtual);
+  control::RegisterReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + options_.gateway_rpc_timeout);
+  grpc::Status s = link.stub->Register(&ctx, req, &reply);
+  if (!s.ok()) {
+    if (!link.warned) {
+      spdlog::warn("daemon {}: cannot register with gateway {}: {}", options_.server_id,
+                   options_.gateway_address, s.error_message());
+      link.warned = true;
+    }
+    return options_.register_retry;
+  }
+  link.registered = true;
+  link.warned = false;
+  if (reply.heartbeat_interval_ms() > 0) {
+    link.interval = std::chrono::milliseconds(reply.heartbeat_interval_ms());
+  }
+  spdlog::info("daemon {} registered with gateway {} (heartbeat every {} ms)", options_.server_id,
+               options_.gateway_address, link.interval.count());
+  return std::chrono::milliseconds(0);  // the gateway wants the ledger right away
+}
+
+std::chrono::milliseconds Daemon::HeartbeatOnce(GatewayLink& link) {
+  control::HeartbeatRequest req;
+  *req.mutable_status() = GetStatus();
+  control::HeartbeatReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + options_.gateway_rpc_timeout);
+  grpc::Status s = link.stub->Heartbeat(&ctx, req, &reply);
+  if (!s.ok()) {
+    // The gateway may have restarted and lost us; register again when it is back.
+    spdlog::warn("daemon {}: heartbeat to {} failed: {}", options_.server_id,
+                 options_.gateway_address, s.error_message());
+    link.registered = false;
+    link.warned = true;
+    return options_.register_retry;
+  }
+  if (!reply.known()) {
+    spdlog::info("daemon {}: gateway does not know this server; registering again",
+                 options_.server_id);
+    link.registered = false;
+    return std::chrono::milliseconds(0);
+  }
+  return link.interval;
 }
 
 }  // namespace nbos::daemon

@@ -125,7 +125,12 @@ class Daemon {
   class Service;
 
   explicit Daemon(DaemonOptions options, GpuInventory gpus);
+  // RegistrationLoop's link to the gateway (defined in daemon.cc).
+  struct GatewayLink;
   void RegistrationLoop();
+  // One Register or Heartbeat call over `link`; returns how long to wait before the next call.
+  std::chrono::milliseconds RegisterOnce(GatewayLink& link);
+  std::chrono::milliseconds HeartbeatOnce(GatewayLink& link);
   void OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting);
   void NudgeHeartbeat();
 
