@@ -391,6 +391,7 @@ Json MigrationJson(const KernelRecord& k, Json* replicas) {
                              {"pid", 0},
                              {"state", "joining"},
                              {"process_state", "starting"},
+                             {"reachable", false},
                              {"restarts", 0},
                              {"role", "standby"}});
   }
