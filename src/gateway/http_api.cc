@@ -191,6 +191,12 @@ void HttpApi::Install(http::Server* http) {
                 return JsonResponse(200, Json{{"version", kVersion}, {"server", "nbos"}});
               },
               {.public_route = true});
+  InstallKernelRoutes(http);
+  InstallClusterRoutes(http);
+}
+
+// Jupyter's REST API: kernelspecs and kernels.
+void HttpApi::InstallKernelRoutes(http::Server* http) {
   http->Route("GET", "/api/kernelspecs", [this](const http::Request&) {
     Json specs{{options_.kernelspec_name, KernelspecModel(options_.kernelspec_name)}};
     for (const std::string& alias : options_.kernelspec_aliases)
@@ -234,6 +240,10 @@ void HttpApi::Install(http::Server* http) {
     if (!k.ok()) return Refuse(k.status());
     return JsonResponse(200, KernelModel(*k));
   });
+}
+
+// The kernels' channels, nbos's own API and metrics.
+void HttpApi::InstallClusterRoutes(http::Server* http) {
   http->WebSocket("/api/kernels/{kernel_id}/channels",
                   [this](const http::Request& r, std::shared_ptr<http::WsConnection> conn) {
                     return OpenChannels(r, std::move(conn));

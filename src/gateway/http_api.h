@@ -59,6 +59,8 @@ class HttpApi {
   jupyter::Json ClusterJson(const http::Identity& viewer) const;
 
  private:
+  void InstallKernelRoutes(http::Server* http);
+  void InstallClusterRoutes(http::Server* http);
   // The kernel named by the route's {kernel_id} when the caller may use it.
   std::optional<KernelRecord> VisibleKernel(const http::Request& r) const;
   http::Response PostKernel(const http::Request& r);
