@@ -270,8 +270,11 @@ Daemon::Daemon(DaemonOptions options, GpuInventory gpus)
                       std::hash<std::string>{}(options_.server_id) ^
                           static_cast<uint64_t>(getpid()) * 0x9E3779B97F4A7C15ull) {}
 
-Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
-  DaemonOptions options = given;
+namespace {
+
+// Fills in the defaults of `options` (server id, capacity, blob store) and makes its state
+// directory.
+Status CompleteOptions(DaemonOptions& options) {
   if (options.state_dir.empty()) return InvalidArgument("daemon needs a state directory");
   if (options.nbos_binary.empty()) return InvalidArgument("daemon needs the nbos binary's path");
   if (options.server_id.empty()) options.server_id = HostName();
@@ -297,6 +300,15 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
         "processes for anyone who can reach it (--credential FILE)",
         options.listen_address);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
+  DaemonOptions options = given;
+  if (Status s = CompleteOptions(options); !s.ok()) return s;
+  std::error_code ec;
 
   Result<GpuInventory> gpus =
       DiscoverGpus({options.gpu_source, options.virtual_gpus, options.vram_mb_per_gpu});
