@@ -122,18 +122,18 @@ Result<Url> ParseUrl(std::string_view text) {
   return url;
 }
 
-Result<ClientResponse> HttpRequest(std::string_view method, std::string_view url_text,
-                                   const Headers& headers, std::string_view body,
-                                   std::chrono::milliseconds timeout) {
-  auto url = ParseUrl(url_text);
-  if (!url.ok()) return url.status();
+namespace {
+
+// A one-shot request (Connection: close) for `url`.
+Result<bhttp::request<bhttp::string_body>> BuildRequest(std::string_view method, const Url& url,
+                                                        const Headers& headers,
+                                                        std::string_view body) {
   bhttp::verb verb = bhttp::string_to_verb(beast::string_view(method.data(), method.size()));
   if (verb == bhttp::verb::unknown) {
     return InvalidArgument("unknown HTTP method " + std::string(method));
   }
-
-  bhttp::request<bhttp::string_body> req{verb, url->target, 11};
-  req.set(bhttp::field::host, HostHeader(*url));
+  bhttp::request<bhttp::string_body> req{verb, url.target, 11};
+  req.set(bhttp::field::host, HostHeader(url));
   req.set(bhttp::field::user_agent, "nbos");
   for (const auto& [name, value] : headers) req.insert(name, value);
   req.body() = std::string(body);
@@ -142,6 +142,35 @@ Result<ClientResponse> HttpRequest(std::string_view method, std::string_view url
     req.prepare_payload();
   }
   req.keep_alive(false);
+  return req;
+}
+
+// Header names lower-cased; repeated headers joined with ", ".
+ClientResponse ToClientResponse(bhttp::response<bhttp::string_body>& res) {
+  ClientResponse out;
+  out.status = static_cast<int>(res.result_int());
+  for (const auto& field : res) {
+    auto [it, inserted] =
+        out.headers.emplace(Lower(Std(field.name_string())), std::string(Std(field.value())));
+    if (!inserted) {
+      it->second += ", ";
+      it->second += Std(field.value());
+    }
+  }
+  out.body = std::move(res.body());
+  return out;
+}
+
+}  // namespace
+
+Result<ClientResponse> HttpRequest(std::string_view method, std::string_view url_text,
+                                   const Headers& headers, std::string_view body,
+                                   std::chrono::milliseconds timeout) {
+  auto url = ParseUrl(url_text);
+  if (!url.ok()) return url.status();
+  auto built = BuildRequest(method, *url, headers, body);
+  if (!built.ok()) return built.status();
+  bhttp::request<bhttp::string_body>& req = *built;
 
   net::io_context ioc;
   tcp::resolver resolver(ioc);
@@ -185,21 +214,9 @@ Result<ClientResponse> HttpRequest(std::string_view method, std::string_view url
   }
   if (error) return Unavailable(where + ": " + error.message() + " while " + stage);
 
-  ClientResponse out;
-  auto& res = parser.get();
-  out.status = static_cast<int>(res.result_int());
-  for (const auto& field : res) {
-    auto [it, inserted] =
-        out.headers.emplace(Lower(Std(field.name_string())), std::string(Std(field.value())));
-    if (!inserted) {
-      it->second += ", ";
-      it->second += Std(field.value());
-    }
-  }
-  out.body = std::move(res.body());
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  return out;
+  return ToClientResponse(parser.get());
 }
 
 // ---------------------------------------------------------------------------------------------
