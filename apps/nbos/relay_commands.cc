@@ -112,6 +112,53 @@ int WatchStatus(const StatusArgs& args) {
   }
 }
 
+void AddStatusOptions(CLI::App* status_cmd, StatusArgs* args) {
+  status_cmd->add_option("--gateway", args->url, "Gateway URL, http://HOST:PORT ($NBOS_GATEWAY)")
+      ->envname("NBOS_GATEWAY")
+      ->required();
+  status_cmd->add_option("--token", args->token, "Gateway token ($NBOS_TOKEN)")
+      ->envname("NBOS_TOKEN");
+  status_cmd
+      ->add_option("--watch", args->watch_seconds,
+                   "Redraw every this many seconds (2 when none is given) until Ctrl-C")
+      ->expected(0, 1)
+      ->default_str("2")
+      ->check(CLI::Range(0.0, 3600.0));
+  status_cmd->add_flag("--json", args->json, "Print the gateway's JSON instead");
+}
+
+int Relay(const std::string& connection_file, const GatewayArgs& args) {
+  auto info = jupyter::ReadConnectionFile(connection_file);
+  if (!info.ok()) {
+    std::cerr << "nbos relay: " << info.status().message() << "\n";
+    return 2;
+  }
+  auto gateway = ToOptions(args);
+  if (!gateway.ok()) {
+    std::cerr << "nbos relay: " << gateway.status().message() << "\n";
+    return 2;
+  }
+  relay::RelayOptions options;
+  options.connection = *info;
+  options.gateway = *gateway;
+  options.log_level = args.log_level;
+  return relay::RunRelay(options);
+}
+
+int RunNotebook(const GatewayArgs& args, relay::RunOptions options,
+                std::chrono::seconds cell_timeout, std::chrono::seconds startup_timeout) {
+  InitLogging(2, args.log_level, "nbos-run");
+  auto gateway = ToOptions(args);
+  if (!gateway.ok()) {
+    std::cerr << "nbos run: " << gateway.status().message() << "\n";
+    return 2;
+  }
+  options.gateway = *gateway;
+  options.cell_timeout = cell_timeout;
+  options.startup_timeout = startup_timeout;
+  return relay::RunNotebook(options);
+}
+
 }  // namespace
 
 std::function<int()> AddRelayCommands(CLI::App& app) {
@@ -147,54 +194,17 @@ std::function<int()> AddRelayCommands(CLI::App& app) {
   auto status_args = std::make_shared<StatusArgs>();
   auto* status_cmd = app.add_subcommand(
       "status", "The cluster in the terminal: servers, GPUs, kernels, replicas, recent events");
-  status_cmd
-      ->add_option("--gateway", status_args->url, "Gateway URL, http://HOST:PORT ($NBOS_GATEWAY)")
-      ->envname("NBOS_GATEWAY")
-      ->required();
-  status_cmd->add_option("--token", status_args->token, "Gateway token ($NBOS_TOKEN)")
-      ->envname("NBOS_TOKEN");
-  status_cmd
-      ->add_option("--watch", status_args->watch_seconds,
-                   "Redraw every this many seconds (2 when none is given) until Ctrl-C")
-      ->expected(0, 1)
-      ->default_str("2")
-      ->check(CLI::Range(0.0, 3600.0));
-  status_cmd->add_flag("--json", status_args->json, "Print the gateway's JSON instead");
+  AddStatusOptions(status_cmd, status_args.get());
 
   return [=]() -> int {
     if (*status_cmd) {
       return status_args->watch_seconds > 0 ? WatchStatus(*status_args)
                                             : ShowStatus(*status_args, /*clear=*/false);
     }
-    if (*relay_cmd) {
-      auto info = jupyter::ReadConnectionFile(*connection_file);
-      if (!info.ok()) {
-        std::cerr << "nbos relay: " << info.status().message() << "\n";
-        return 2;
-      }
-      auto gateway = ToOptions(*relay_args);
-      if (!gateway.ok()) {
-        std::cerr << "nbos relay: " << gateway.status().message() << "\n";
-        return 2;
-      }
-      relay::RelayOptions options;
-      options.connection = *info;
-      options.gateway = *gateway;
-      options.log_level = relay_args->log_level;
-      return relay::RunRelay(options);
-    }
+    if (*relay_cmd) return Relay(*connection_file, *relay_args);
     if (*run_cmd) {
-      InitLogging(2, run_args->log_level, "nbos-run");
-      auto gateway = ToOptions(*run_args);
-      if (!gateway.ok()) {
-        std::cerr << "nbos run: " << gateway.status().message() << "\n";
-        return 2;
-      }
-      relay::RunOptions options = *run_options;
-      options.gateway = *gateway;
-      options.cell_timeout = std::chrono::seconds(*cell_timeout);
-      options.startup_timeout = std::chrono::seconds(*startup_timeout);
-      return relay::RunNotebook(options);
+      return RunNotebook(*run_args, *run_options, std::chrono::seconds(*cell_timeout),
+                         std::chrono::seconds(*startup_timeout));
     }
     return -1;
   };

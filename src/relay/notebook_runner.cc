@@ -95,6 +95,8 @@ class Runner {
   enum class CellResult { kOk, kError, kTimeout, kGone };
   CellResult Execute(size_t index, Json* reply_content);
   int Finish(int code);
+  bool AwaitKernel();
+  int RunCells();
 
   const RunOptions& options_;
   jupyter::MessageFactory factory_;
@@ -191,7 +193,25 @@ int Runner::Run() {
   }
   link_ = std::move(*link);
 
-  // A just-started kernel may miss the first request (jupyter-protocol.md §2.3 (b)).
+  if (!AwaitKernel()) return Finish(2);
+  const int code = RunCells();
+  // Fill in what a notebook that never ran might lack, so the output is valid nbformat.
+  for (Json& cell : nb_["cells"]) {
+    if (cell.value("cell_type", "") != "code") continue;
+    if (!cell.contains("outputs")) cell["outputs"] = Json::array();
+    if (!cell.contains("execution_count")) cell["execution_count"] = nullptr;
+  }
+  if (Status s = WriteNotebook(output_, nb_); !s.ok()) {
+    std::cerr << "nbos run: " << s.message() << "\n";
+    return Finish(code == 0 ? 2 : code);
+  }
+  std::cout << output_ << std::endl;
+  return Finish(code);
+}
+
+// Until the kernel answers kernel_info: a just-started kernel may miss the first request
+// (jupyter-protocol.md §2.3 (b)). False (and said why) if it does not within the startup timeout.
+bool Runner::AwaitKernel() {
   const auto ready_by = Clock::now() + options_.startup_timeout;
   bool ready = false;
   while (!ready && Clock::now() < ready_by && !inbox_.gone()) {
@@ -205,9 +225,12 @@ int Runner::Run() {
                        : "did not answer kernel_info_request within " +
                              std::to_string(options_.startup_timeout.count()) + " s")
               << "\n";
-    return Finish(2);
   }
+  return ready;
+}
 
+// Runs the code cells in order until one fails (unless errors are allowed); the exit code.
+int Runner::RunCells() {
   int code = 0;
   Json& cells = nb_["cells"];
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -236,19 +259,7 @@ int Runner::Run() {
     code = 1;
     break;
   }
-
-  // Fill in what a notebook that never ran might lack, so the output is valid nbformat.
-  for (Json& cell : cells) {
-    if (cell.value("cell_type", "") != "code") continue;
-    if (!cell.contains("outputs")) cell["outputs"] = Json::array();
-    if (!cell.contains("execution_count")) cell["execution_count"] = nullptr;
-  }
-  if (Status s = WriteNotebook(output_, nb_); !s.ok()) {
-    std::cerr << "nbos run: " << s.message() << "\n";
-    return Finish(code == 0 ? 2 : code);
-  }
-  std::cout << output_ << std::endl;
-  return Finish(code);
+  return code;
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ class Relay {
   std::optional<Message> Receive(zmq::socket_t& socket, const char* channel);
   End HandleClient(Socket socket, Message m);
   End HandleEvents();
+  Status ConnectGateway();
+  End Serve();
   void Deliver(Delivery d);
   zmq::socket_t& SocketFor(Socket s);
   void Cleanup();
@@ -261,7 +263,26 @@ int Relay::Run() {
     }
   });
   signal_thread_ = std::thread([this] { WatchSignals(); });
+  if (Status s = ConnectGateway(); !s.ok()) {
+    std::cerr << "nbos relay: " << s.message() << "\n";
+    Cleanup();
+    return 1;
+  }
+  const End end = Serve();
+  // Close the WebSocket first, so the gateway's teardown is not mistaken for a drop.
+  link_->Stop();
+  int code = 0;
+  if (end == End::kGone) {
+    code = 1;
+  } else if (Status s = link_->Delete(kDeleteTimeout); !s.ok()) {
+    spdlog::warn("{}", s.ToString());
+  }
+  Cleanup();
+  return code;
+}
 
+// Starts the gateway kernel and its WebSocket; its messages and its loss become events.
+Status Relay::ConnectGateway() {
   auto link = GatewayLink::Start(
       options_.gateway,
       [this](jupyter::WsMessage m) {
@@ -275,20 +296,20 @@ int Relay::Run() {
         e.status = why;
         Post(std::move(e));
       });
-  if (!link.ok()) {
-    std::cerr << "nbos relay: " << link.status().message() << "\n";
-    Cleanup();
-    return 1;
-  }
+  if (!link.ok()) return link.status();
   link_ = std::move(*link);
+  return Status::Ok();
+}
 
+// Relays client messages and events until one of them, the parent's exit or a failed poll ends
+// the session.
+Relay::End Relay::Serve() {
   pid_t parent = 0;
   if (const char* ppid = std::getenv("JPY_PARENT_PID"); ppid != nullptr) {
     parent = static_cast<pid_t>(std::atoi(ppid));
     // Only a direct parent can be watched by getppid().
     if (parent != getppid()) parent = 0;
   }
-
   zmq::pollitem_t items[] = {{shell_.handle(), 0, ZMQ_POLLIN, 0},
                              {control_.handle(), 0, ZMQ_POLLIN, 0},
                              {stdin_.handle(), 0, ZMQ_POLLIN, 0},
@@ -301,13 +322,11 @@ int Relay::Run() {
     if (ready < 0) {
       if (zmq_errno() == EINTR) continue;
       spdlog::error("poll failed: {}", zmq_strerror(zmq_errno()));
-      end = End::kTerminate;
-      break;
+      return End::kTerminate;
     }
     if (parent != 0 && getppid() != parent) {
       spdlog::info("parent process {} exited", parent);
-      end = End::kTerminate;
-      break;
+      return End::kTerminate;
     }
     // Control first: it must not queue behind shell traffic.
     for (int i : {1, 0, 2}) {
@@ -321,17 +340,7 @@ int Relay::Run() {
     }
     if (end == End::kNone && (items[3].revents & ZMQ_POLLIN)) end = HandleEvents();
   }
-
-  // Close the WebSocket first, so the gateway's teardown is not mistaken for a drop.
-  link_->Stop();
-  int code = 0;
-  if (end == End::kGone) {
-    code = 1;
-  } else if (Status s = link_->Delete(kDeleteTimeout); !s.ok()) {
-    spdlog::warn("{}", s.ToString());
-  }
-  Cleanup();
-  return code;
+  return end;
 }
 
 void Relay::Cleanup() {
