@@ -486,47 +486,27 @@ Child GatewayChild(const UpArgs& args, const std::string& self_path, const std::
   return gateway;
 }
 
-// The daemons of a fixed cluster, host-1 .. host-N. Daemons on one machine get disjoint replica
-// port ranges: one port probed free by two of them would otherwise reach two replicas.
+// The daemons of a fixed cluster, host-1 .. host-N, started as the gateway's LocalHostProvider
+// starts them. Daemons on one machine get disjoint replica port ranges: one port probed free by
+// two of them would otherwise reach two replicas.
 std::vector<Child> DaemonChildren(const UpArgs& args, const std::string& self_path,
                                   const std::string& control) {
-  const daemon::PortRange all_ports;
-  const int ports_per_host = all_ports.size() / args.hosts;
+  gateway::LocalHostOptions hosts;
+  hosts.nbos_binary = self_path;
+  hosts.control_address = control;
+  hosts.state_dir = args.state_dir;
+  hosts.blob_store_url = args.blob_store;
+  hosts.credential_file = args.credential;
+  hosts.gpus_per_host = args.gpus_per_host;
+  hosts.warm_pool = args.warm_pool;
+  hosts.sandbox = args.sandbox;
+  for (const std::string& dir : args.sandbox_share)
+    hosts.sandbox_share.push_back(fs::absolute(dir).string());
+  hosts.max_hosts = args.hosts;
+  hosts.log_level = args.log_level;
   std::vector<Child> daemons;
   for (int i = 1; i <= args.hosts; ++i) {
-    const std::string id = "host-" + std::to_string(i);
-    const int first = all_ports.first + (i - 1) * ports_per_host;
-    Child& d = daemons.emplace_back(
-        Child{id,
-              {self_path,
-               "daemon",
-               "--server-id",
-               id,
-               "--gateway",
-               control,
-               "--gpus",
-               std::to_string(args.gpus_per_host),
-               "--virtual-gpus",
-               "--state-dir",
-               args.state_dir + "/" + id,
-               "--blob-store",
-               args.blob_store,
-               "--credential",
-               args.credential,
-               "--replica-ports",
-               std::to_string(first) + "-" + std::to_string(first + ports_per_host - 1),
-               "--warm-pool",
-               std::to_string(args.warm_pool),
-               "--log-level",
-               args.log_level,
-               "--sandbox",
-               args.sandbox,
-               "--sandbox-hide",
-               args.state_dir}});
-    for (const std::string& dir : args.sandbox_share) {
-      d.argv.push_back("--sandbox-share");
-      d.argv.push_back(fs::absolute(dir).string());
-    }
+    daemons.push_back(Child{"host-" + std::to_string(i), gateway::LocalDaemonArgv(hosts, i), {}});
   }
   return daemons;
 }

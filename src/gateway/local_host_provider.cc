@@ -72,42 +72,47 @@ void LocalHostProvider::Adopt() {
   }
 }
 
-Status LocalHostProvider::Start(const std::string& id) {
-  const int index = std::stoi(id.substr(5));
-  const int per_host = options_.ports.size() / options_.max_hosts;
-  const int first = options_.ports.first + (index - 1) * per_host;
+std::vector<std::string> LocalDaemonArgv(const LocalHostOptions& options, int index) {
+  const std::string id = "host-" + std::to_string(index);
+  const int per_host = options.ports.size() / options.max_hosts;
+  const int first = options.ports.first + (index - 1) * per_host;
   std::vector<std::string> argv = {
-      options_.nbos_binary,
+      options.nbos_binary,
       "daemon",
       "--server-id",
       id,
       "--gateway",
-      options_.control_address,
+      options.control_address,
       "--gpus",
-      std::to_string(options_.gpus_per_host),
+      std::to_string(options.gpus_per_host),
       "--virtual-gpus",
       "--state-dir",
-      options_.state_dir + "/" + id,
+      options.state_dir + "/" + id,
       "--blob-store",
-      options_.blob_store_url,
+      options.blob_store_url,
       "--replica-ports",
       std::to_string(first) + "-" + std::to_string(first + per_host - 1),
       "--warm-pool",
-      std::to_string(options_.warm_pool),
+      std::to_string(options.warm_pool),
       "--log-level",
-      options_.log_level,
+      options.log_level,
       "--sandbox",
-      options_.sandbox,
+      options.sandbox,
       "--sandbox-hide",
-      options_.state_dir};
-  for (const std::string& dir : options_.sandbox_share) {
+      options.state_dir};
+  for (const std::string& dir : options.sandbox_share) {
     argv.push_back("--sandbox-share");
     argv.push_back(dir);
   }
-  if (!options_.credential_file.empty()) {
+  if (!options.credential_file.empty()) {
     argv.push_back("--credential");
-    argv.push_back(options_.credential_file);
+    argv.push_back(options.credential_file);
   }
+  return argv;
+}
+
+Status LocalHostProvider::Start(const std::string& id) {
+  std::vector<std::string> argv = LocalDaemonArgv(options_, std::stoi(id.substr(5)));
   std::vector<std::string> envp = BuildEnvironment({});
   const std::string log_path = options_.state_dir + "/logs/" + id + ".log";
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -34,6 +34,11 @@ struct LocalHostOptions {
   std::string log_level = "info";
 };
 
+// The command line of local server host-`index` (1 .. max_hosts) of `options`: virtual GPUs, its
+// own directory under state_dir and slice of the port range, state_dir hidden from its replicas.
+// `nbos up` starts a fixed cluster's servers with it too.
+std::vector<std::string> LocalDaemonArgv(const LocalHostOptions& options, int index);
+
 class LocalHostProvider : public HostProvider {
  public:
   explicit LocalHostProvider(LocalHostOptions options);
