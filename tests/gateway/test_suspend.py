@@ -190,6 +190,19 @@ def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_w
     delete_kernel(c, kid, ks)
 
 
+def restart_gateway_then_resume(c, kid):
+    """Starts the gateway again: it must have the kernel suspended, without replicas, and a cell
+    must resume it with the state kernel_with_state(c, "kept = 'state'") left."""
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    kernel = kernel_of(c, kid)
+    assert kernel["suspended"] and kernel["replicas"] == [], kernel
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, iopub = ks.execute("print(kept)")
+    assert_kept_state(reply, iopub)
+    delete_kernel(c, kid, ks)
+
+
 def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(cluster):
     """A failed attempt leaves the database as it found it: a gateway that goes down before the
     next attempt restores the kernel suspended on its checkpoint, not on the attempt's replicas
@@ -204,14 +217,7 @@ def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(
         wait_for_failed_resume(c, cell)
         c.kill_gateway()
     cell.join(timeout=60)
-    c.gateway = c.start_gateway()
-    c.wait_servers()
-    kernel = kernel_of(c, kid)
-    assert kernel["suspended"] and kernel["replicas"] == [], kernel
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, iopub = ks.execute("print(kept)")
-    assert_kept_state(reply, iopub)
-    delete_kernel(c, kid, ks)
+    restart_gateway_then_resume(c, kid)
 
 
 def test_a_gateway_killed_while_a_resume_waits_for_its_replicas_finds_the_kernel_suspended(cluster):
@@ -240,11 +246,4 @@ def test_a_gateway_killed_while_a_resume_waits_for_its_replicas_finds_the_kernel
             time.sleep(0.2)
         c.wait_no_replicas()
     cell.join(timeout=60)
-    c.gateway = c.start_gateway()
-    c.wait_servers()
-    kernel = kernel_of(c, kid)
-    assert kernel["suspended"] and kernel["replicas"] == [], kernel
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, iopub = ks.execute("print(kept)")
-    assert_kept_state(reply, iopub)
-    delete_kernel(c, kid, ks)
+    restart_gateway_then_resume(c, kid)
