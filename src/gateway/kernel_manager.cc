@@ -365,15 +365,19 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
 // A resume the last gateway did not see through: its replicas may never have started, and no
 // cell has run on them (the kernel's state is still the checkpoint). The kernel is suspended
 // again; its next request resumes it anew, and the attempt's replicas, now unknown, are stopped as
-// orphans once their daemons report them.
-void KernelManager::UndoCutOffResume(StoredKernel& meta) {
+// orphans once their daemons report them. Returns the attempt's highest replica id: the next
+// attempt's ids come after it, so that none is taken for an orphan still running.
+ReplicaId KernelManager::UndoCutOffResume(StoredKernel& meta) {
   spdlog::warn("kernel {}: its resume was cut off by a gateway restart; it stays suspended",
                meta.kernel_id);
+  ReplicaId highest = 0;
+  for (const StoredReplica& r : meta.replicas) highest = std::max(highest, r.replica_id);
   meta.replicas.clear();
   meta.resuming = false;
   if (Status s = store_->Put(meta); !s.ok()) {
     spdlog::warn("kernel {}: recording the undone resume: {}", meta.kernel_id, s.ToString());
   }
+  return highest;
 }
 
 Status KernelManager::Restore() {
@@ -383,7 +387,7 @@ Status KernelManager::Restore() {
     KernelRecord k;
     k.request = ResourcesFromJson(meta.resources, options_.default_request);
     k.meta = std::move(meta);
-    if (k.meta.resuming) UndoCutOffResume(k.meta);
+    if (k.meta.resuming) k.last_replica_id = UndoCutOffResume(k.meta);
     auto session = StartSession(k);
     if (!session.ok()) {
       spdlog::error("kernel {} could not be restored: {}", k.meta.kernel_id,

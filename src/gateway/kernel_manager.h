@@ -87,7 +87,7 @@ class KernelManager {
   Status ResumeOnce(const std::string& kernel_id, SteadyClock::time_point deadline, bool* placed);
   Status LinkResumedReplicas(const std::string& kernel_id, SteadyClock::time_point deadline);
   Status RecordResumed(const std::string& kernel_id);
-  void UndoCutOffResume(StoredKernel& meta);
+  ReplicaId UndoCutOffResume(StoredKernel& meta);
   Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;

@@ -190,9 +190,10 @@ def test_a_resume_that_cannot_start_its_replicas_is_tried_again_while_the_cell_w
     delete_kernel(c, kid, ks)
 
 
-def restart_gateway_then_resume(c, kid):
+def restart_gateway_then_resume(c, kid, avoiding=frozenset()):
     """Starts the gateway again: it must have the kernel suspended, without replicas, and a cell
-    must resume it with the state kernel_with_state(c, "kept = 'state'") left."""
+    must resume it with the state kernel_with_state(c, "kept = 'state'") left, on replicas with
+    none of the ids in `avoiding`."""
     c.gateway = c.start_gateway()
     c.wait_servers()
     kernel = kernel_of(c, kid)
@@ -200,6 +201,8 @@ def restart_gateway_then_resume(c, kid):
     ks = KernelSocket(c.url, kid, c.token)
     reply, iopub = ks.execute("print(kept)")
     assert_kept_state(reply, iopub)
+    resumed = {r["replica_id"] for r in kernel_of(c, kid)["replicas"]}
+    assert resumed and not resumed & avoiding, (resumed, avoiding)
     delete_kernel(c, kid, ks)
 
 
@@ -224,18 +227,28 @@ def test_a_gateway_killed_while_a_resume_waits_for_its_replicas_finds_the_kernel
     """The gateway goes down after a resume attempt has recorded its replicas and before they
     answer (here they cannot: the checkpoint is unreadable, and they exit). Restarted, it must
     restore the kernel suspended on its checkpoint, not on the attempt's replicas, and the next
-    cell resumes it with its state."""
+    cell resumes it with its state, on replicas whose ids the cut-off attempt did not use."""
     c = cluster
     kid, ks, _ = kernel_with_state(c, "kept = 'state'")
     wait_suspended(c, kid)
-    cell = threading.Thread(target=lambda: execute_ignoring_errors(ks, "print(kept)"))
+    # Restored suspended, the kernel has no replicas to number the next ones after.
+    ks.close()
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    c.wait_servers()
     gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    waits = lambda: gateway_log.read_text(errors="replace").count("waiting for its resumed replicas")  # noqa
+    waited = waits()
     with checkpoints_away(c):
+        ks = KernelSocket(c.url, kid, c.token, ready=False)
+        cell = threading.Thread(target=lambda: execute_ignoring_errors(ks, "print(kept)"))
         cell.start()
         deadline = time.time() + 45
-        while "waiting for its resumed replicas" not in gateway_log.read_text(errors="replace"):
+        while waits() == waited:
             assert time.time() < deadline, "no resume attempt waited for its replicas"
             time.sleep(0.05)
+        cut_off = {r["replica_id"] for r in kernel_of(c, kid)["replicas"]}
+        assert len(cut_off) == 3, cut_off
         c.kill_gateway()
         # The attempt's replicas fail on the missing checkpoint until their daemons give up.
         logs = [pathlib.Path(c.ps.root, f"host-{i}.log") for i in range(1, c.hosts + 1)]
@@ -246,4 +259,4 @@ def test_a_gateway_killed_while_a_resume_waits_for_its_replicas_finds_the_kernel
             time.sleep(0.2)
         c.wait_no_replicas()
     cell.join(timeout=60)
-    restart_gateway_then_resume(c, kid)
+    restart_gateway_then_resume(c, kid, avoiding=cut_off)
