@@ -199,7 +199,7 @@ class NbosUp:
     """`nbos up` with a private state directory; stdout/stderr go to a file (never a pipe that
     could fill up)."""
 
-    def __init__(self, nbos, workdir, hosts, gpus_per_host, timeout):
+    def __init__(self, nbos, workdir, hosts, gpus_per_host, timeout, raft_log_dir="auto"):
         self.state_dir = os.path.join(workdir, "nbos-state")
         os.makedirs(self.state_dir)
         self.log_path = os.path.join(workdir, "nbos-up.log")
@@ -208,7 +208,8 @@ class NbosUp:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [nbos, "up", "--hosts", str(hosts), "--gpus-per-host", str(gpus_per_host),
-             "--port", "0", "--state-dir", self.state_dir, "--log-level", "info"],
+             "--port", "0", "--state-dir", self.state_dir, "--raft-log-dir", raft_log_dir,
+             "--log-level", "info"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
         def first_line():
@@ -628,6 +629,7 @@ def report(res):
     out.append(f"nbos {m['nbos']}; nbos up --hosts {m['hosts']} --gpus-per-host"
                f" {m['gpus_per_host']}; {m['cpus']} CPUs; python {m['python']};"
                f" jupyter_server {m.get('jupyter_server_version')};"
+               f" --raft-log-dir {m.get('raft_log_dir')};"
                f" N={m['iterations']} (+{m['warmup']} warm-up); store_history={m['store_history']}"
                + ("; client TCP_QUICKACK (diagnostic)" if m.get("quickack") else ""))
 
@@ -747,6 +749,9 @@ def parse_args(argv):
                    help="both jupyter servers get apps/nbos/jupyter_frontend_config.py (what"
                         " `nbos up --frontend` gives its front end): TCP_NODELAY on their"
                         " kernel WebSockets, and no permessage-deflate on the gateway's")
+    p.add_argument("--raft-log-dir", default="auto",
+                   help="nbos up --raft-log-dir: auto (RAM where /dev/shm allows), state (disk)"
+                        " or a directory")
     p.add_argument("--json", metavar="PATH", help="also write the results, with raw samples"
                    " ('-' for stdout)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -772,7 +777,7 @@ def run(args, workdir, res):
         "cpus": os.cpu_count(), "host": platform.node(), "iterations": args.iterations,
         "warmup": args.warmup, "hosts": args.hosts, "gpus_per_host": args.gpus_per_host,
         "store_history": args.store_history, "quickack": args.quickack, "phases": args.phases,
-        "server_nodelay": args.server_nodelay,
+        "server_nodelay": args.server_nodelay, "raft_log_dir": args.raft_log_dir,
         "unix_time": time.time(),
         "definitions": {
             "delay": "(gateway_us.sent - gateway_us.received) + (metadata.started - sent)"
@@ -784,7 +789,8 @@ def run(args, workdir, res):
     servers = []
     try:
         t = time.perf_counter()
-        up = NbosUp(nbos, workdir, args.hosts, args.gpus_per_host, args.startup_timeout)
+        up = NbosUp(nbos, workdir, args.hosts, args.gpus_per_host, args.startup_timeout,
+                    args.raft_log_dir)
         log(f"nbos up: gateway {up.url}, {args.hosts} daemons registered"
             f" ({time.perf_counter() - t:.1f}s)")
         if "delay" in args.phases:

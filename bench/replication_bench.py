@@ -160,11 +160,11 @@ def make_group_class(T):
         If a replica fails to start, the ones already started are killed and BenchError says
         why. close() also removes the group's directory unless keep=True."""
 
-        def __init__(self, store_url=None, keep=False):
+        def __init__(self, store_url=None, keep=False, raft_root=None):
             self._store_override = store_url
             self._keep = keep
             try:
-                super().__init__()
+                super().__init__(raft_root=raft_root)
             except Exception as e:
                 why = f"{type(e).__name__}: {e}"
                 logs = ""
@@ -550,6 +550,25 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
 BODY_RE = re.compile(r"NBOS_BENCH_BODY_MS=([0-9.]+)")
 
 
+def phase_overhead(args, new_group, group, seps, modes):
+    """3. `pass` on `group` (its Raft logs in args.raft_logs[0]), then on a new group for each
+    other place in args.raft_logs, all beside the same standalone kernel."""
+    out = {}
+    for place in args.raft_logs:
+        log(f"3. per-cell overhead (pass), {RAFT_LOG_PLACES[place]}")
+        g = group if place == args.raft_logs[0] else new_group(place)
+        geps = g.endpoints()
+        if g is not group:
+            leader, follower, _ = find_leader(geps, args.timeout, args.store_history)
+            modes = latency_modes(leader, follower)
+        r = phase_latency(geps, seps, lambda i: "pass", None, args.iterations, args.warmup,
+                          args.timeout, modes, args.store_history)
+        out.update({f"{mode}, {RAFT_LOG_PLACES[place]}": v for mode, v in r.items()})
+        if g is not group:
+            g.close()
+    return out
+
+
 def large_cells(count, tensor_mb):
     rows = tensor_mb * 256  # rows x 1024 float32 = tensor_mb MiB
     create = ("_t0 = time.perf_counter()\n"
@@ -893,6 +912,9 @@ def report(res):
 # --------------------------------------------------------------------------- main
 
 
+RAFT_LOG_PLACES = {"ram": "Raft log in RAM", "disk": "Raft log on disk"}
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -911,6 +933,11 @@ def parse_args(argv):
     p.add_argument("--stores", default="dir,shm,redis",
                    help="blob stores: dir (in /tmp), shm (a directory in --shm-dir), redis")
     p.add_argument("--shm-dir", default="/dev/shm", help="RAM-backed directory for `shm`")
+    p.add_argument("--raft-logs", default="ram,disk",
+                   help="where replicas keep their Raft logs, a comma-separated list: ram (a"
+                        " directory in --shm-dir, as daemons do by default), disk (the work"
+                        " directory); the first for every phase, and the overhead phase once"
+                        " per entry")
     p.add_argument("--phases", default="small,large,overhead",
                    help="comma-separated subset of small,large,overhead")
     p.add_argument("--redis-server", default="/usr/bin/redis-server")
@@ -942,6 +969,10 @@ def parse_args(argv):
     a.phases = [s.strip() for s in a.phases.split(",") if s.strip()]
     if any(s not in ("dir", "shm", "redis") for s in a.stores):
         p.error("--stores: choose from dir, shm, redis")
+    a.raft_logs = [s.strip() for s in a.raft_logs.split(",") if s.strip()]
+    if not a.raft_logs or len(set(a.raft_logs)) != len(a.raft_logs) or any(
+            s not in RAFT_LOG_PLACES for s in a.raft_logs):
+        p.error("--raft-logs: one or both of ram, disk")
     if any(s not in ("small", "large", "overhead") for s in a.phases):
         p.error("--phases: choose from small, large, overhead")
     if a.iterations < 1 or a.warmup < 0 or a.repeats < 1 or a.large_tensors < 1:
@@ -968,7 +999,7 @@ def run(args, workdir):
         "large_mb": args.large_mb, "large_tensors": args.large_tensors,
         "repeats": args.repeats, "stores": args.stores, "phases": args.phases,
         "store_history": args.store_history, "blob_hints": args.blob_hints, "pin": args.pin,
-        "unix_time": time.time(),
+        "raft_logs": args.raft_logs, "unix_time": time.time(),
         "definitions": {
             "rtt": "execute_request sent (to all replicas) -> the executor's execute_reply"
                    " received; iopub drained afterwards, untimed",
@@ -978,6 +1009,19 @@ def run(args, workdir):
         }}}
     standalone = group = redis = None
     cleanup = []
+
+    def raft_root(place):
+        if place == "disk":
+            return None  # in the group's directory
+        root = tempfile.mkdtemp(prefix="nbos-replbench-raft-", dir=args.shm_dir)
+        cleanup.append(lambda: shutil.rmtree(root, ignore_errors=True))
+        return root
+
+    def new_group(place=args.raft_logs[0], store_url=None):
+        g = BenchGroup(store_url=store_url, keep=args.keep, raft_root=raft_root(place))
+        cleanup.append(g.close)
+        return g
+
     try:
         need_standalone = "small" in args.phases or "overhead" in args.phases
         need_dir_group = need_standalone or ("large" in args.phases and "dir" in args.stores)
@@ -986,9 +1030,9 @@ def run(args, workdir):
             cleanup.append(standalone.close)
             standalone.start(nbos, args.timeout)
         if need_dir_group:
-            group = BenchGroup(keep=args.keep)
-            cleanup.append(group.close)
-            log(f"replicas up: {group.addresses}, store {group.store_url}")
+            group = new_group()
+            log(f"replicas up: {group.addresses}, store {group.store_url},"
+                f" {RAFT_LOG_PLACES[args.raft_logs[0]]}")
         if need_standalone:
             seps, geps = standalone.endpoints(), group.endpoints()
             leader, follower, probe = find_leader(geps, args.timeout, args.store_history)
@@ -1006,10 +1050,7 @@ def run(args, workdir):
             if not ok:
                 log(f"  WARNING: namespaces differ after the small cells: {bad}")
         if "overhead" in args.phases:
-            log("3. per-cell overhead (pass)")
-            res["overhead"] = phase_latency(geps, seps, lambda i: "pass", None,
-                                            args.iterations, args.warmup, args.timeout,
-                                            modes, args.store_history)
+            res["overhead"] = phase_overhead(args, new_group, group, seps, modes)
         if standalone is not None:
             standalone.close()
         if "large" in args.phases:
@@ -1027,23 +1068,20 @@ def run(args, workdir):
                 scratch = None
                 if store == "dir":
                     if group is None:
-                        group = BenchGroup(keep=args.keep)
-                        cleanup.append(group.close)
+                        group = new_group()
                     scratch = group.dir
                 elif store == "shm":
                     shm = tempfile.mkdtemp(prefix="nbos-replbench-shm-", dir=args.shm_dir)
                     cleanup.append(lambda d=shm: shutil.rmtree(d, ignore_errors=True))
                     scratch = os.path.join(shm, "scratch")
                     os.mkdir(scratch)
-                    group = BenchGroup(store_url=f"dir://{shm}/blobs", keep=args.keep)
-                    cleanup.append(group.close)
+                    group = new_group(store_url=f"dir://{shm}/blobs")
                 else:
                     redis = RedisServer(args.redis_server, workdir)
                     cleanup.append(redis.close)
                     redis.start()
                     log(f"redis-server on port {redis.port}")
-                    group = BenchGroup(store_url=redis.url, keep=args.keep)
-                    cleanup.append(group.close)
+                    group = new_group(store_url=redis.url)
                     scratch = group.dir
                 log(f"  {store}: blob store {group.store_url}")
                 res["large_object"].update(phase_large(group, store, args, scratch, redis,

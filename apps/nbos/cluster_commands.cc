@@ -121,6 +121,7 @@ struct UpArgs {
   int warm_pool = 1;
   std::string sandbox = "auto";
   std::vector<std::string> sandbox_share;
+  std::string raft_log_dir = "auto";
   bool frontend = false;
   int frontend_port = 0;     // 0: any free port
   std::string frontend_dir;  // its notebooks; default: the current directory
@@ -391,7 +392,7 @@ void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
         std::to_string(args.gpus_per_host), std::string("--local-hosts-dir"), args.state_dir,
         std::string("--local-warm-pool"), std::to_string(args.warm_pool),
         std::string("--local-blob-store"), args.blob_store, std::string("--local-sandbox"),
-        args.sandbox}) {
+        args.sandbox, std::string("--local-raft-log-dir"), args.raft_log_dir}) {
     argv->push_back(std::move(a));
   }
   for (const std::string& dir : args.sandbox_share) {
@@ -500,6 +501,7 @@ std::vector<Child> DaemonChildren(const UpArgs& args, const std::string& self_pa
   hosts.gpus_per_host = args.gpus_per_host;
   hosts.warm_pool = args.warm_pool;
   hosts.sandbox = args.sandbox;
+  hosts.raft_log_dir = args.raft_log_dir;
   for (const std::string& dir : args.sandbox_share)
     hosts.sandbox_share.push_back(fs::absolute(dir).string());
   hosts.max_hosts = args.hosts;
@@ -677,6 +679,10 @@ void AddGatewayScalingOptions(CLI::App* gw, GatewayArgs* args) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   gw->add_option("--local-sandbox-share", args->local.sandbox_share,
                  "A directory every replica of the local servers may write (repeatable)");
+  gw->add_option("--local-raft-log-dir", args->local.raft_log_dir,
+                 "Where replicas of local servers keep their Raft logs (nbos daemon "
+                 "--raft-log-dir)")
+      ->capture_default_str();
   gw->add_option("--local-replica-ports", args->local_ports,
                  "FIRST-LAST: ports split among local servers");
   gw->add_option("--credential", args->credential_file,
@@ -692,6 +698,10 @@ void AddDaemonOptions(CLI::App* d, DaemonArgs* args) {
   d->add_option("--gateway", args->options.gateway_address,
                 "host:port of the gateway's control service");
   d->add_option("--state-dir", args->options.state_dir, "Replica directories")->required();
+  d->add_option("--raft-log-dir", args->options.raft_log_dir,
+                "Where replicas keep their Raft logs: auto (RAM: /dev/shm when it is a tmpfs of "
+                "1 GiB or more, else state), state (each replica's directory) or a directory")
+      ->capture_default_str();
   d->add_option("--gpus", args->options.virtual_gpus,
                 "Virtual GPUs when NVML finds none (or with --virtual-gpus)");
   d->add_flag("--virtual-gpus", args->virtual_gpus_only, "Use virtual GPUs even if NVML works");
@@ -758,6 +768,10 @@ void AddUpOptions(CLI::App* up, UpArgs* args) {
   up->add_option("--sandbox-share", args->sandbox_share,
                  "A directory every replica may write, e.g. a team's scratch space (repeatable; "
                  "its permissions decide which kernels' users can)");
+  up->add_option("--raft-log-dir", args->raft_log_dir,
+                 "Where replicas keep their Raft logs (nbos daemon --raft-log-dir): auto (RAM "
+                 "where /dev/shm allows), state or a directory")
+      ->capture_default_str();
 }
 
 // `nbos up`: state, users and what it passes on to the gateway.

@@ -1,10 +1,14 @@
 #include "daemon/daemon.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <grpcpp/grpcpp.h>
+#include <linux/magic.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -120,6 +124,77 @@ SupervisorOptions SupervisorOptionsFor(const DaemonOptions& options) {
   return sup;
 }
 
+// "auto" puts Raft logs in RAM only where there is room for a server's replicas (about 25 MB
+// each: libraft keeps three 8 MB segments ready).
+constexpr uint64_t kAutoRaftLogMinBytes = uint64_t{1} << 30;
+
+bool IsRoomyTmpfs(const std::string& dir, uint64_t min_bytes) {
+  struct statfs fs_info {};
+  if (statfs(dir.c_str(), &fs_info) != 0 || fs_info.f_type != TMPFS_MAGIC) return false;
+  return static_cast<uint64_t>(fs_info.f_blocks) * fs_info.f_bsize >= min_bytes;
+}
+
+constexpr std::string_view kRaftLogRootPrefix = "nbos-raft-";
+
+// A daemon killed outright leaves its Raft log directory, and the RAM it holds, behind. Each
+// live daemon holds an flock on ROOT/.lock, so a root whose lock can be taken has no owner.
+// The lock file appears under that name only once locked (renamed into place), so a daemon
+// still creating its root is never taken for a dead one.
+void RemoveUnownedRaftLogRoots(const std::string& base) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(base, ec)) {
+    if (!entry.path().filename().string().starts_with(kRaftLogRootPrefix)) continue;
+    const int fd = open((entry.path() / ".lock").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      spdlog::info("removing {}, left by a daemon that stopped without removing it",
+                   entry.path().string());
+      fs::remove_all(entry.path(), ec);
+    }
+    close(fd);
+  }
+}
+
+// Takes ROOT/.lock for as long as the returned descriptor stays open.
+Result<int> LockRaftLogRoot(const std::string& root) {
+  const std::string pending = root + "/.lock.new";
+  const int fd = open(pending.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return Internal("cannot create " + pending + ": " + std::strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 || rename(pending.c_str(), (root + "/.lock").c_str())) {
+    close(fd);
+    return Internal("cannot lock " + root + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+// The directory this daemon keeps replicas' Raft logs in (DaemonOptions::raft_log_dir), emptied
+// and created; "" for each replica's own directory.
+Result<std::string> MakeRaftLogRoot(const DaemonOptions& options) {
+  std::string base = options.raft_log_dir;
+  if (base == "state") return std::string();
+  if (base == "auto") {
+    if (!IsRoomyTmpfs("/dev/shm", kAutoRaftLogMinBytes)) {
+      spdlog::info(
+          "replicas keep their Raft logs in their directories (no tmpfs of 1 GiB or "
+          "more at /dev/shm)");
+      return std::string();
+    }
+    base = "/dev/shm";
+  }
+  if (base.empty()) return InvalidArgument("--raft-log-dir is auto, state or a directory");
+  base = fs::absolute(base).string();
+  RemoveUnownedRaftLogRoots(base);
+  const std::string root = fmt::format("{}/{}{:016x}", base, kRaftLogRootPrefix,
+                                       std::hash<std::string>{}(options.state_dir));
+  std::error_code ec;
+  fs::remove_all(root, ec);  // left by an earlier run of this daemon: never replayed
+  fs::create_directories(root, ec);
+  if (ec) return Internal("cannot create " + root + ": " + ec.message());
+  fs::permissions(root, fs::perms::owner_all, fs::perm_options::replace, ec);
+  spdlog::info("replicas keep their Raft logs in {}", root);
+  return root;
+}
+
 SandboxPolicy BaseSandboxPolicy(const DaemonOptions& options, const std::string& replicas_dir) {
   SandboxPolicy policy;
   policy.bwrap = FindExecutable(options.bwrap);
@@ -190,6 +265,7 @@ Status ConfigureSandbox(const DaemonOptions& options, const std::string& replica
     return InvalidArgument("--sandbox is auto, on or off, not '" + options.sandbox + "'");
   }
   sup->sandbox_policy = BaseSandboxPolicy(options, replicas_dir);
+  if (!sup->raft_log_root.empty()) sup->sandbox_policy.writable.push_back(sup->raft_log_root);
   // The probe also shows that the replicas' binary can be run in there.
   const std::vector<std::string> probe_argv = {"/bin/sh", "-c", "test -x \"$0\"",
                                                sup->sandbox_policy.readable.front()};
@@ -202,9 +278,11 @@ Status ConfigureSandbox(const DaemonOptions& options, const std::string& replica
   AddPrivilegedSandbox(options, sup);
   if (sup->sandbox_users) {
     std::error_code ec;
-    fs::permissions(replicas_dir,
-                    fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec,
-                    fs::perm_options::replace, ec);
+    for (const std::string& dir : {replicas_dir, sup->raft_log_root}) {
+      if (dir.empty()) continue;
+      fs::permissions(dir, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec,
+                      fs::perm_options::replace, ec);
+    }
     if (options.blob_store_url.starts_with("dir://")) {
       if (Status s = PrepareSharedBlobDirectory(options.blob_store_url.substr(6)); !s.ok())
         return s;
@@ -319,7 +397,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
   fs::create_directories(d->replicas_dir_, ec);
   if (ec) return Internal("cannot create " + d->replicas_dir_ + ": " + ec.message());
 
+  Result<std::string> raft_log_root = MakeRaftLogRoot(options);
+  if (!raft_log_root.ok()) return raft_log_root.status();
+  d->raft_log_root_ = *raft_log_root;
+  if (!d->raft_log_root_.empty()) {
+    Result<int> lock = LockRaftLogRoot(d->raft_log_root_);
+    if (!lock.ok()) return lock.status();
+    d->raft_log_lock_fd_ = *lock;
+  }
   SupervisorOptions sup = SupervisorOptionsFor(options);
+  sup.raft_log_root = d->raft_log_root_;
   if (options.warm_pool_size > 0) {
     fs::create_directories(sup.warm_dir, ec);
     if (ec) return Internal("cannot create " + sup.warm_dir + ": " + ec.message());
@@ -381,8 +468,14 @@ void Daemon::Shutdown() {
     reg_cv_.notify_all();
     if (registration_.joinable()) registration_.join();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + kServerShutdownGrace);
-    // Data is kept: the gateway may relaunch these replicas from their logs after a restart.
+    // Replica directories (logs, homes) are kept to look at afterwards. No later daemon replays
+    // their Raft logs (PrepareReplica), so logs kept in RAM go.
     if (supervisor_) supervisor_->StopAll(/*keep_data=*/true);
+    if (!raft_log_root_.empty()) {
+      std::error_code ec;
+      fs::remove_all(raft_log_root_, ec);
+    }
+    if (raft_log_lock_fd_ >= 0) close(raft_log_lock_fd_);
     spdlog::info("daemon {} stopped", options_.server_id);
     {
       std::lock_guard lock(reg_mu_);

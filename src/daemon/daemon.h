@@ -52,6 +52,14 @@ struct DaemonOptions {
   int warm_pool_size = 0;                      // pre-started replica processes (see Supervisor)
   std::vector<std::string> warm_preload;       // Python modules they import ahead
   std::string replica_log_level = "info";      // --log-level of replicas
+  // Where replicas keep their Raft logs: "auto" (the default) puts them in RAM, in
+  // /dev/shm/nbos-raft-<hash of the state directory>, when /dev/shm is a tmpfs of at least
+  // 1 GiB, else in each replica's directory; "state" always in each replica's directory; a path
+  // puts them in PATH/nbos-raft-<hash>. This daemon owns that directory: it empties it at start
+  // and removes it at shutdown; while it runs it holds a lock there, so that the next daemon
+  // started on the machine removes the directory of one that died. A log in RAM is safe because
+  // nbos never replays one after its host restarts (docs/decisions/0011).
+  std::string raft_log_dir = "auto";
   // Replica restarts (see SupervisorOptions).
   int max_restarts = 5;
   std::chrono::milliseconds restart_window{std::chrono::minutes(5)};
@@ -138,6 +146,8 @@ class Daemon {
   const GpuInventory gpus_;
   std::string address_;
   std::string replicas_dir_;
+  std::string raft_log_root_;  // "" when Raft logs live in the replicas' directories
+  int raft_log_lock_fd_ = -1;  // holds raft_log_root_/.lock's flock while the daemon runs
 
   mutable std::mutex mu_;
   Ledger ledger_;                                 // guarded by mu_

@@ -1,8 +1,15 @@
 // The Daemon over gRPC (through DaemonClient) and its registration loop against a fake gateway;
 // replica processes are the stand-in script, so this runs in about a second.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "daemon/daemon.h"
 #include "daemon/daemon_client.h"
@@ -235,6 +242,63 @@ TEST_F(DaemonServiceTest, GrantAndReleaseOverGrpc) {
   status = client.GetStatus();
   EXPECT_EQ(status->ledger().committed().gpus(), 1);
   EXPECT_EQ(status->replicas_size(), 1);
+}
+
+TEST_F(DaemonServiceTest, RaftLogsLiveInADirectoryOfTheDaemonsOwnThatItEmptiesAndRemoves) {
+  namespace fs = std::filesystem;
+  const std::string ram = tmp_.path() + "/ram";
+  fs::create_directories(ram);
+  DaemonOptions options = Options();
+  options.raft_log_dir = ram;
+  auto roots = [&] {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(ram)) found.push_back(e.path().string());
+    return found;
+  };
+  std::string root;
+  {
+    auto d = Daemon::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_EQ(roots().size(), 1u);
+    root = roots()[0];
+    EXPECT_TRUE(fs::path(root).filename().string().starts_with("nbos-raft-")) << root;
+    ASSERT_TRUE(DaemonClient((*d)->address()).PrepareReplica(PrepareReq("kernel-1", 1)).ok());
+    EXPECT_TRUE(fs::is_directory(root + "/kernel-1-1"));
+    EXPECT_FALSE(fs::exists(tmp_.path() + "/state/replicas/kernel-1-1/data"));
+    (*d)->Shutdown();
+    EXPECT_FALSE(fs::exists(root)) << "a log in RAM goes with its daemon";
+    EXPECT_TRUE(fs::exists(tmp_.path() + "/state/replicas/kernel-1-1/connection.json"));
+  }
+  // One left by a daemon that died: emptied by the next start from the same state directory.
+  // Another daemon's root goes too once nobody holds its lock; a live one's stays.
+  fs::create_directories(root + "/kernel-9-1");
+  fs::create_directories(ram + "/nbos-raft-dead");
+  std::ofstream(ram + "/nbos-raft-dead/.lock").put('\n');
+  fs::create_directories(ram + "/nbos-raft-alive");
+  const int alive = open((ram + "/nbos-raft-alive/.lock").c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_EQ(flock(alive, LOCK_EX | LOCK_NB), 0);
+  {
+    auto d = Daemon::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    std::vector<std::string> expected = {ram + "/nbos-raft-alive", root};
+    std::vector<std::string> found = roots();
+    std::sort(expected.begin(), expected.end());
+    std::sort(found.begin(), found.end());
+    EXPECT_EQ(found, expected);
+    EXPECT_FALSE(fs::exists(root + "/kernel-9-1"));
+  }
+  close(alive);
+  fs::remove_all(ram + "/nbos-raft-alive");
+  options.raft_log_dir = "state";
+  {
+    auto d = Daemon::Start(options);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_TRUE(DaemonClient((*d)->address()).PrepareReplica(PrepareReq("kernel-2", 1)).ok());
+    EXPECT_TRUE(fs::is_directory(tmp_.path() + "/state/replicas/kernel-2-1/data"));
+    EXPECT_TRUE(roots().empty());
+  }
+  options.raft_log_dir = "";
+  EXPECT_EQ(Daemon::Start(options).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(DaemonServiceTest, DeadReplicaReleasesItsGrantAndShutdownLeavesNoProcess) {

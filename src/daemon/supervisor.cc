@@ -123,8 +123,14 @@ Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
     return InvalidArgument("replica " + key.ToString() + " is already prepared");
   }
   std::error_code ec;
-  fs::create_directories(fs::path(dir) / "data", ec);
-  if (ec) return Internal("cannot create " + dir + ": " + ec.message());
+  const std::string raft_dir = RaftDirectory(dir);
+  // A Raft directory outside DIR may be left by an earlier daemon; a new preparation is a new
+  // Raft member, so its old log must not be replayed.
+  if (!options_.raft_log_root.empty()) fs::remove_all(raft_dir, ec);
+  for (const std::string& d : {dir, raft_dir}) {
+    fs::create_directories(d, ec);
+    if (ec) return Internal("cannot create " + d + ": " + ec.message());
+  }
   {
     std::ofstream out(ConnectionPath(dir), std::ios::trunc);
     out << jupyter::ConnectionInfoToJson(connection);
@@ -136,6 +142,7 @@ Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
   Child child;
   child.info.key = key;
   child.info.dir = dir;
+  child.info.raft_dir = raft_dir;
   child.info.raft_address = raft_address;
   child.info.connection = connection;
   child.limits = limits;
@@ -165,7 +172,7 @@ Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
                                    "--raft",
                                    child.info.raft_address,
                                    "--data-dir",
-                                   dir + "/data",
+                                   child.info.raft_dir,
                                    "--blob-store",
                                    blob_store_url,
                                    "--log-level",
@@ -211,7 +218,8 @@ Status Supervisor::PrepareSandbox(Child& child, const std::string& blob_store_ur
     while (taken(uid))
       uid = options_.sandbox_uid_base +
             (uid + 1 - options_.sandbox_uid_base) % options_.sandbox_uid_range;
-    if (Status s = GiveDirectory(child.info.dir, uid); !s.ok()) return s;
+    for (const std::string& d : {child.info.dir, child.info.raft_dir})
+      if (Status s = GiveDirectory(d, uid); !s.ok()) return s;
     child.info.uid = uid;
     child.argv.push_back(fmt::format("--run-as={}:{}", uid, uid));
   }
@@ -403,19 +411,19 @@ WarmPoolStats Supervisor::warm_pool() const {
 }
 
 Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
-  std::string dir;
+  std::vector<std::string> dirs;
   {
     std::unique_lock lock(mu_);
     if (!children_.contains(key)) return NotFound("replica " + key.ToString() + " is unknown");
     TerminateLocked(lock, {key});
     auto it = children_.find(key);
     if (it == children_.end()) return Status::Ok();  // a concurrent Stop finished first
-    dir = it->second.info.dir;
+    dirs = DirectoriesToRemove(it->second.info, keep_data);
     children_.erase(it);
     if (options_.cgroups) options_.cgroups->Remove(CgroupName(key));
   }
   spdlog::info("replica {} stopped{}", key.ToString(), keep_data ? ", data kept" : "");
-  if (!keep_data) {
+  for (const std::string& dir : dirs) {
     std::error_code ec;
     fs::remove_all(dir, ec);
     if (ec) return Internal("cannot remove " + dir + ": " + ec.message());
@@ -435,17 +443,31 @@ void Supervisor::StopAll(bool keep_data) {
     for (const ReplicaKey& key : keys) {
       auto it = children_.find(key);
       if (it == children_.end()) continue;
-      dirs.push_back(it->second.info.dir);
+      for (std::string& dir : DirectoriesToRemove(it->second.info, keep_data))
+        dirs.push_back(std::move(dir));
       children_.erase(it);
       if (options_.cgroups) options_.cgroups->Remove(CgroupName(key));
     }
   }
-  if (!keep_data) {
-    for (const std::string& dir : dirs) {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
+  for (const std::string& dir : dirs) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
   }
+}
+
+std::string Supervisor::RaftDirectory(const std::string& dir) const {
+  if (options_.raft_log_root.empty()) return dir + "/data";
+  return options_.raft_log_root + "/" + fs::path(dir).filename().string();
+}
+
+// A Raft log outside DIR goes even when DIR is kept: no later replica replays it (Prepare empties
+// it), and it holds RAM.
+std::vector<std::string> Supervisor::DirectoriesToRemove(const ReplicaProcess& info,
+                                                         bool keep_data) const {
+  std::vector<std::string> dirs;
+  if (!keep_data) dirs.push_back(info.dir);
+  if (!options_.raft_log_root.empty()) dirs.push_back(info.raft_dir);
+  return dirs;
 }
 
 void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,

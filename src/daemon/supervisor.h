@@ -3,7 +3,9 @@
 // waitpid and restarts it from the same data directory when it dies unexpectedly.
 //
 // A replica's directory DIR holds connection.json (the Jupyter connection file it binds),
-// data/ (its Raft log and snapshots) and replica.log.
+// data/ (its Raft log and snapshots) and replica.log. With `raft_log_root` set, the Raft log and
+// snapshots live in RAFT_LOG_ROOT/<DIR's name> instead (RAM, see DaemonOptions::raft_log_dir);
+// that directory goes with the replica's Stop() whether or not its directory is kept.
 //
 // Warm pool: the Supervisor can keep pre-started `nbos replica --warm` processes (Python and
 // its heavy modules already loaded; a process says "ready" on its stdin socket once they are).
@@ -70,6 +72,7 @@ struct ReplicaProcess {
   std::string exit_reason;  // why the last exit happened, when known ("out of memory: ...")
   uint32_t uid = 0;         // the sandbox user id (0: the daemon's own)
   std::string dir;
+  std::string raft_dir;  // its Raft log and snapshots: DIR/data or RAFT_LOG_ROOT/<DIR's name>
   std::string raft_address;
   jupyter::ConnectionInfo connection;
 };
@@ -77,6 +80,7 @@ struct ReplicaProcess {
 struct SupervisorOptions {
   std::string nbos_binary;  // path of `nbos`
   std::string log_level = "info";
+  std::string raft_log_root;  // empty: each replica's Raft log in DIR/data (see above)
   // Restart budget: at most `max_restarts` restarts within any `restart_window`.
   int max_restarts = 5;
   std::chrono::milliseconds restart_window{std::chrono::minutes(5)};
@@ -124,15 +128,16 @@ class Supervisor {
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
-  // Registers a replica: creates `dir` and dir/data and writes dir/connection.json. Preparing a
-  // replica that is already known is InvalidArgument.
+  // Registers a replica: creates `dir` and its Raft directory (emptied when it is left from an
+  // earlier replica) and writes dir/connection.json. Preparing a replica that is already known is
+  // InvalidArgument.
   Status Prepare(const ReplicaKey& key, const std::string& dir,
                  const jupyter::ConnectionInfo& connection, const std::string& raft_address,
                  ReplicaLimits limits = {});
 
   // Starts a prepared (or exited) replica's process:
   //   nbos replica -f DIR/connection.json --id N --raft ADDR
-  //     --data-dir DIR/data --blob-store URL --log-level L [--peer=ID=ADDR]...
+  //     --data-dir RAFT_DIR --blob-store URL --log-level L [--peer=ID=ADDR]...
   // with `env` added to the daemon's environment, plus NBOS_KERNEL_ID, NBOS_REPLICA_ID and
   // CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA numbers devices as NVML does). The arguments are
   // remembered for restarts. Returns the pid; a replica already running (or restarting) keeps
@@ -144,8 +149,8 @@ class Supervisor {
                        const std::map<std::string, std::string>& env);
 
   // Stops the replica's process group (SIGTERM, SIGKILL after stop_grace; anything left in the
-  // group is killed too), removes DIR unless `keep_data`, and forgets the replica. Blocks until
-  // the process is reaped. NotFound for unknown replicas.
+  // group is killed too), removes DIR unless `keep_data` (a Raft directory outside DIR always),
+  // and forgets the replica. Blocks until the process is reaped. NotFound for unknown replicas.
   Status Stop(const ReplicaKey& key, bool keep_data);
 
   // Stops every replica at once (one grace period in total) and forgets them all; stops the
@@ -196,6 +201,8 @@ class Supervisor {
   void Poll(std::vector<ExitEvent>* exits);
   // Signals and waits for the given children (mu_ held via `lock`); SIGKILL after the grace.
   void TerminateLocked(std::unique_lock<std::mutex>& lock, const std::vector<ReplicaKey>& keys);
+  std::string RaftDirectory(const std::string& dir) const;
+  std::vector<std::string> DirectoriesToRemove(const ReplicaProcess& info, bool keep_data) const;
 
   const SupervisorOptions options_;
   mutable std::mutex mu_;

@@ -101,6 +101,33 @@ TEST_F(SupervisorTest, PrepareWritesConnectionFileAndLaunchPassesArgumentsAndEnv
   EXPECT_EQ(exits_, 0) << "a requested stop is not an unexpected exit";
 }
 
+TEST_F(SupervisorTest, ARaftLogRootHoldsEachReplicasLogWhichGoesWithTheReplica) {
+  namespace fs = std::filesystem;
+  options_.raft_log_root = tmp_.path() + "/ram";
+  auto s = Make();
+  ReplicaKey kept{"k1", 1}, removed{"k1", 2};
+  fs::create_directories(options_.raft_log_root + "/k1-1/stale");  // an earlier replica's
+  Prepare(*s, kept);
+  Prepare(*s, removed);
+  EXPECT_TRUE(fs::is_directory(options_.raft_log_root + "/k1-1"));
+  EXPECT_FALSE(fs::exists(options_.raft_log_root + "/k1-1/stale"));
+  EXPECT_FALSE(fs::exists(Dir(kept) + "/data"));
+  EXPECT_EQ(s->Get(kept)->raft_dir, options_.raft_log_root + "/k1-1");
+  ASSERT_TRUE(Launch(*s, kept, "sleep").ok());
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {
+    log = ReadFile(Dir(kept) + "/replica.log");
+    return log.find("args:") != std::string::npos;
+  }));
+  EXPECT_NE(log.find("--data-dir " + options_.raft_log_root + "/k1-1 "), std::string::npos) << log;
+  ASSERT_TRUE(s->Stop(kept, /*keep_data=*/true).ok());
+  EXPECT_TRUE(fs::exists(Dir(kept) + "/replica.log"));
+  EXPECT_FALSE(fs::exists(options_.raft_log_root + "/k1-1"));
+  ASSERT_TRUE(s->Stop(removed, /*keep_data=*/false).ok());
+  EXPECT_FALSE(fs::exists(Dir(removed)));
+  EXPECT_FALSE(fs::exists(options_.raft_log_root + "/k1-2"));
+}
+
 TEST_F(SupervisorTest, ErrorsForUnknownAndDuplicateReplicasAndMissingBinary) {
   auto s = Make();
   ReplicaKey key{"k1", 1};

@@ -99,7 +99,9 @@ std::vector<std::string> LocalDaemonArgv(const LocalHostOptions& options, int in
       "--sandbox",
       options.sandbox,
       "--sandbox-hide",
-      options.state_dir};
+      options.state_dir,
+      "--raft-log-dir",
+      options.raft_log_dir};
   for (const std::string& dir : options.sandbox_share) {
     argv.push_back("--sandbox-share");
     argv.push_back(dir);

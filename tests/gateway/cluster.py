@@ -2,9 +2,11 @@
 of it, REST calls, and a notebook runner that speaks the Jupyter WebSocket protocol."""
 
 import contextlib
+import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,7 +115,21 @@ class Cluster(ClusterApi):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # A daemon a test killed outright leaves its Raft logs in RAM (the next daemon started
+        # on the machine would remove them): they go here instead.
+        for root in raft_log_roots(self.state_dir):
+            shutil.rmtree(root, ignore_errors=True)
         return self.proc.returncode
+
+
+def raft_log_roots(state_dir):
+    """The directories outside `state_dir` where its daemons kept their replicas' Raft logs."""
+    roots = []
+    for log in glob.glob(f"{state_dir}/logs/host-*.log") + glob.glob(f"{state_dir}/host-*.log"):
+        with open(log, errors="replace") as f:
+            roots += [line.split(" in ")[-1].strip() for line in f
+                      if "replicas keep their Raft logs in /" in line]
+    return roots
 
 
 def wait_answering(url, what, proc=None, timeout=60):
@@ -150,9 +166,10 @@ def users_cluster(users, extra=(), **kwargs):
 
 
 class JupyterServer:
-    """Debian's `jupyter server` with --gateway-url pointing at a cluster."""
+    """Debian's `jupyter server` with --gateway-url pointing at a cluster (and --config=`config`
+    when given)."""
 
-    def __init__(self, cluster):
+    def __init__(self, cluster, config=None):
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.root = tempfile.mkdtemp(prefix="nbos-jupyter-root-")
@@ -164,7 +181,7 @@ class JupyterServer:
             ["/usr/bin/jupyter", "server", f"--gateway-url={cluster.url}",
              f"--GatewayClient.auth_token={cluster.token}", f"--ServerApp.token={self.token}",
              f"--port={self.port}", "--ip=127.0.0.1", "--no-browser", "--allow-root",
-             f"--ServerApp.root_dir={self.root}"],
+             f"--ServerApp.root_dir={self.root}"] + ([f"--config={config}"] if config else []),
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_answering(f"{self.url}/api?token={self.token}", "jupyter server", self.proc)
@@ -415,6 +432,8 @@ class SplitCluster(ClusterApi):
 
     def close(self):
         self.ps.stop()
+        for root in raft_log_roots(self.state_dir):
+            shutil.rmtree(root, ignore_errors=True)
 
     def stop(self):
         """Stops every process; returns the gateway's exit status."""

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from cluster import KernelSocket, rest_call, users_cluster
+from cluster import KernelSocket, raft_log_roots, rest_call, users_cluster
 
 TOKENS = {"alice": "alice-token-sandbox-0123", "bob": "bob-token-sandbox-01234",
           "ops": "ops-token-sandbox-012345"}
@@ -67,6 +67,10 @@ for d in TARGET_DIRS:
     attempt("list " + d, lambda: os.listdir(d))
     attempt("read " + d, lambda: open(d + "/connection.json").read())
     attempt("write " + d, lambda: open(d + "/planted.py", "w").write("x"))
+for d in RAFT_DIRS:
+    attempt("list " + d, lambda: os.listdir(d))
+    attempt("read " + d, lambda: open(d + "/metadata1", "rb").read())
+    attempt("write " + d, lambda: open(d + "/planted", "w").write("x"))
 for pid in TARGET_PIDS:
     attempt("environ %d" % pid, lambda: open("/proc/%d/environ" % pid, "rb").read())
     attempt("kill %d" % pid, lambda: os.kill(pid, signal.SIGKILL))
@@ -89,11 +93,15 @@ def test_a_cell_cannot_reach_another_users_kernel_or_the_clusters_state(cluster)
     assert content["status"] == "ok", content
     alice_id, alice = start(c, "alice")
     bob_dirs = sorted(glob.glob(f"{c.state_dir}/host-*/replicas/{bob_id}-*"))
+    roots = raft_log_roots(c.state_dir)
+    bob_raft_dirs = sorted(d for root in roots for d in glob.glob(f"{root}/{bob_id}-*"))
     bob_pids = replica_pids(bob_id)
     assert len(bob_dirs) == 3 and len(bob_pids) == 3, (bob_dirs, bob_pids)
+    assert len(bob_raft_dirs) == (3 if roots else 0), (roots, bob_raft_dirs)  # 0: in bob_dirs
     gateway_files = [p for p in glob.glob(f"{c.state_dir}/gateway/*") if os.path.isfile(p)]
     assert gateway_files, "the gateway keeps its database in its state directory"
-    code = (f"TARGET_DIRS = {bob_dirs!r}\nTARGET_PIDS = {bob_pids!r}\n"
+    code = (f"TARGET_DIRS = {bob_dirs!r}\nRAFT_DIRS = {bob_raft_dirs!r}\n"
+            f"TARGET_PIDS = {bob_pids!r}\n"
             f"SECRET_FILES = {gateway_files + [c.state_dir + '/cluster.credential']!r}\n"
             f"BLOBS = {c.state_dir + '/blobs'!r}\n" + ATTACK)
     content, text = run(alice, code)

@@ -68,7 +68,8 @@ class Replica:
         self.proc = subprocess.Popen(
             [nbos_bin(), "replica", "-f", self.connection_file, "--id", str(self.id),
              "--raft", self.group.addresses[self.id], "--data-dir",
-             os.path.join(self.dir, "raft"), "--blob-store", self.group.store_url,
+             os.path.join(self.group.raft_root or self.dir, f"raft-{self.id}"),
+             "--blob-store", self.group.store_url,
              "--log-level", "info"] + self.group.extra_args +
             ([] if self.join else
              [f"--peer={i}={a}" for i, a in self.group.addresses.items()]),
@@ -120,8 +121,12 @@ class Replica:
 
 
 class Group:
-    def __init__(self, n=3, extra_args=(), store_url=None):
+    """`n` replicas of one kernel in a new temporary directory; their Raft logs there too, or
+    in `raft_root` (which the caller owns) when given."""
+
+    def __init__(self, n=3, extra_args=(), store_url=None, raft_root=None):
         self.extra_args = list(extra_args)
+        self.raft_root = raft_root
         self.dir = tempfile.mkdtemp(prefix="nbos-replicas-")
         self.key = uuid.uuid4().hex
         self.store_url = store_url or "dir://" + os.path.join(self.dir, "blobs")
