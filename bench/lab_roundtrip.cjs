@@ -4,7 +4,8 @@
 // requestExecute -> the future done (execute_reply and iopub idle). Prints one JSON object:
 // {"LABEL": [ms, ...], ...}, warm-up cells left out.
 // Usage: node lab_roundtrip.cjs LAB_DIR N WARMUP JSON-LIST-OF-{label,url,token,kernel_id} [TIMEOUT_S]
-// A cell that has not finished within TIMEOUT_S (60) fails the run, naming its kernel.
+// A connection without kernel_info_reply, or a cell, that has not finished within TIMEOUT_S (60)
+// fails the run, naming its kernel.
 const path = require('path');
 const [labDir, n, warmup, targetsJson, timeoutS = '60'] = process.argv.slice(2);
 const { KernelManager, ServerConnection } = require(path.join(labDir, 'node_modules', '@jupyterlab', 'services'));
@@ -17,7 +18,14 @@ async function connect(t) {
   const manager = new KernelManager({ serverSettings });
   await manager.ready;
   const kernel = manager.connectTo({ model: { id: t.kernel_id, name: 'python3' } });
-  await kernel.info;
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(
+      `${t.label}: no kernel_info_reply within ${timeoutS} s of connecting`)),
+    Number(timeoutS) * 1000);
+  });
+  await Promise.race([kernel.info, late]);
+  clearTimeout(timer);
   return { manager, kernel };
 }
 

@@ -2,8 +2,14 @@
 the same outputs as on ipykernel; interrupt, restart and shutdown work through its REST API."""
 
 import asyncio
+import base64
+import json
+import os
 import re
+import socket
+import struct
 import time
+import uuid
 
 import pytest
 
@@ -140,3 +146,82 @@ def test_interrupt_restart_and_shutdown_through_jupyter_server(jupyter_server, c
     while any(kernel_id in cmd for _, cmd in cluster.nbos_processes()):
         assert time.time() < deadline, "replica processes outlived their kernel"
         time.sleep(0.2)
+
+
+FRONTEND_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "apps",
+                               "nbos", "jupyter_frontend_config.py")
+
+
+def test_a_message_sent_with_the_websocket_upgrade_is_answered_with_nbos_config(cluster):
+    """jupyter server 1.x queues a message that arrives before it has begun connecting to the
+    gateway on a future nothing completes; the configuration nbos ships for jupyter servers
+    (apps/nbos/jupyter_frontend_config.py) makes such messages wait for the connection. The
+    client here sends kernel_info_request in the same write as the upgrade request, so it is
+    always first; without the configuration none of these was answered."""
+    js = JupyterServer(cluster, config=FRONTEND_CONFIG)
+    try:
+        status, model = js.cluster_like.request("POST", "/api/kernels", {"name": "nbos"})
+        assert status == 201, model
+        path = f"/api/kernels/{model['id']}/channels?token={js.token}"
+        answered = [_first_message_answered(js.port, path) for _ in range(3)]
+        assert answered == [True] * 3, answered
+        assert js.cluster_like.request("DELETE", f"/api/kernels/{model['id']}")[0] == 204
+    finally:
+        js.stop()
+
+
+def _first_message_answered(port, path, timeout_s=20):
+    """Upgrades `path` and sends kernel_info_request in the same write; whether its reply came."""
+    msg_id = uuid.uuid4().hex
+    request = json.dumps({
+        "header": {"msg_id": msg_id, "msg_type": "kernel_info_request", "username": "u",
+                   "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}).encode()
+    mask = os.urandom(4)
+    frame = (bytes([0x81, 0x80 | 126]) + struct.pack(">H", len(request)) + mask +
+             bytes(b ^ mask[i % 4] for i, b in enumerate(request)))
+    key = base64.b64encode(os.urandom(16)).decode()
+    upgrade = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+               f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+               "Sec-WebSocket-Version: 13\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(upgrade + frame)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(65536)
+        head, data = data.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            while len(data) >= 4 and len(data) >= _frame_end(data):
+                end = _frame_end(data)
+                payload, data = data[_frame_start(data):end], data[end:]
+                message = json.loads(payload) if payload[:1] == b"{" else {}
+                if message.get("parent_header", {}).get("msg_id") == msg_id and \
+                        message["msg_type"] == "kernel_info_reply":
+                    return True
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                return False
+            if not chunk:
+                return False
+            data += chunk
+    return False
+
+
+def _frame_start(data):
+    """Offset of an unmasked server frame's payload (RFC 6455 5.2)."""
+    n = data[1] & 0x7F
+    return 2 if n < 126 else 4 if n == 126 else 10
+
+
+def _frame_end(data):
+    n = data[1] & 0x7F
+    if n == 126:
+        n = struct.unpack(">H", data[2:4])[0]
+    elif n == 127:
+        if len(data) < 10:
+            return len(data) + 1
+        n = struct.unpack(">Q", data[2:10])[0]
+    return _frame_start(data) + n
