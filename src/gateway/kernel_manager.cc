@@ -280,17 +280,19 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
   // Nobody else removes it: deletes and restarts wait for the operation lock held here.
   std::optional<KernelRecord> started = registry_->FindKernel(id);
   NBOS_CHECK(started.has_value(), "a starting kernel left the registry");
-  if (s.ok()) s = store_->Put(started->meta);
+  if (s.ok()) s = RecordStart(*started, /*starting=*/true);
   if (s.ok()) {
     auto session = StartSession(*started);
     if (session.ok()) {
       started->session = *session;
       registry_->UpdateKernel(id, [&](KernelRecord& r) { r.session = *session; });
+      spdlog::info("kernel {}: waiting for its replicas", id);
       s = AwaitReplicas(*started);
     } else {
       s = session.status();
     }
   }
+  if (s.ok()) s = RecordStart(*started, /*starting=*/false);
   if (!s.ok()) {
     spdlog::error("kernel {} did not start: {}", id, s.ToString());
     if (started->session) started->session->Shutdown();
@@ -380,9 +382,31 @@ ReplicaId KernelManager::UndoCutOffResume(StoredKernel& meta) {
   return highest;
 }
 
+// The registry's record keeps `starting` false, so that no later write of it marks a running
+// kernel as one whose start was cut off.
+Status KernelManager::RecordStart(const KernelRecord& k, bool starting) {
+  StoredKernel meta = k.meta;
+  meta.starting = starting;
+  return store_->Put(meta);
+}
+
+// A start the last gateway did not see through: its client had no 201, so the kernel is
+// forgotten; its replicas, now unknown, are stopped as orphans once their daemons report them.
+void KernelManager::ForgetCutOffStart(const StoredKernel& meta) {
+  spdlog::warn("kernel {}: its start was cut off by a gateway restart; it is forgotten",
+               meta.kernel_id);
+  if (Status s = store_->Remove(meta.kernel_id); !s.ok()) {
+    spdlog::warn("kernel {}: removing it from the database: {}", meta.kernel_id, s.ToString());
+  }
+}
+
 Status KernelManager::Restore() {
   auto stored = store_->List();
   if (!stored.ok()) return stored.status();
+  std::erase_if(*stored, [this](const StoredKernel& meta) {
+    if (meta.starting) ForgetCutOffStart(meta);
+    return meta.starting;
+  });
   for (StoredKernel& meta : *stored) {
     KernelRecord k;
     k.request = ResourcesFromJson(meta.resources, options_.default_request);

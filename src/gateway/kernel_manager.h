@@ -88,6 +88,8 @@ class KernelManager {
   Status LinkResumedReplicas(const std::string& kernel_id, SteadyClock::time_point deadline);
   Status RecordResumed(const std::string& kernel_id);
   ReplicaId UndoCutOffResume(StoredKernel& meta);
+  Status RecordStart(const KernelRecord& k, bool starting);
+  void ForgetCutOffStart(const StoredKernel& meta);
   Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;

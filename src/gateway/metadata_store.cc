@@ -45,11 +45,12 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
         "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
         "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
-        "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT, owner TEXT, resuming TEXT)"}) {
+        "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT, owner TEXT, resuming TEXT, "
+        "starting TEXT)"}) {
     if (Status s = store->Exec(sql); !s.ok()) return s;
   }
   // Databases written before a column existed gain it; their kernels read as not having it.
-  for (const char* column : {"env", "checkpoint", "owner", "resuming"}) {
+  for (const char* column : {"env", "checkpoint", "owner", "resuming", "starting"}) {
     Statement probe;
     const std::string select = std::string("SELECT ") + column + " FROM kernels LIMIT 0";
     if (sqlite3_prepare_v2(db, select.c_str(), -1, &probe.stmt, nullptr) != SQLITE_OK) {
@@ -78,8 +79,8 @@ Status MetadataStore::Put(const StoredKernel& k) {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
-                         "created, replicas, env, checkpoint, owner, resuming) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         "created, replicas, env, checkpoint, owner, resuming, starting) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
   }
@@ -87,10 +88,11 @@ Status MetadataStore::Put(const StoredKernel& k) {
   const std::string replicas = ReplicasToJson(k.replicas).dump();
   const std::string env = Json(k.env).dump();
   const std::string resuming = k.resuming ? "1" : "";
+  const std::string starting = k.starting ? "1" : "";
   const std::string* values[] = {&k.kernel_id,  &k.kernelspec, &k.key,    &k.session_id,
                                  &resources,    &k.created,    &replicas, &env,
-                                 &k.checkpoint, &k.owner,      &resuming};
-  for (int i = 0; i < 11; ++i) {
+                                 &k.checkpoint, &k.owner,      &resuming, &starting};
+  for (int i = 0; i < 12; ++i) {
     sqlite3_bind_text(st.stmt, i + 1, values[i]->c_str(), static_cast<int>(values[i]->size()),
                       SQLITE_TRANSIENT);
   }
@@ -120,7 +122,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "SELECT id, kernelspec, key, session, resources, created, replicas, env, "
-                         "checkpoint, owner, resuming "
+                         "checkpoint, owner, resuming, starting "
                          "FROM kernels ORDER BY created",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
@@ -156,6 +158,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
     k.checkpoint = text(8);
     k.owner = text(9);
     k.resuming = text(10) == "1";
+    k.starting = text(11) == "1";
     out.push_back(std::move(k));
   }
   if (rc != SQLITE_DONE)

@@ -43,6 +43,10 @@ struct StoredKernel {
   // meanwhile restores the kernel suspended on `checkpoint`, and the attempt's replicas, unknown
   // to it, are stopped as orphans.
   bool resuming = false;
+  // Set while a new kernel's replicas are recorded but have not all answered yet (its client has
+  // had no 201): a gateway restarted meanwhile forgets the kernel, and its replicas, unknown to
+  // it, are stopped as orphans.
+  bool starting = false;
 };
 
 class MetadataStore {

@@ -25,6 +25,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
     k.checkpoint = "c0ffee";
     k.owner = "alice";
     k.resuming = true;
+    k.starting = true;
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -47,6 +48,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   EXPECT_EQ(k.checkpoint, "c0ffee");
   EXPECT_EQ(k.owner, "alice");
   EXPECT_TRUE(k.resuming);
+  EXPECT_TRUE(k.starting);
 }
 
 TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
@@ -72,6 +74,7 @@ TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
   fresh.env = {{"KERNEL_X", "1"}};
   fresh.owner = "bob";
   fresh.resuming = true;
+  fresh.starting = true;
   ASSERT_TRUE((*db)->Put(fresh).ok());
   auto kernels = (*db)->List();
   ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
@@ -81,9 +84,11 @@ TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
   EXPECT_TRUE((*kernels)[0].checkpoint.empty());
   EXPECT_TRUE((*kernels)[0].owner.empty());
   EXPECT_FALSE((*kernels)[0].resuming);
+  EXPECT_FALSE((*kernels)[0].starting);
   EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
   EXPECT_EQ((*kernels)[1].owner, "bob");
   EXPECT_TRUE((*kernels)[1].resuming);
+  EXPECT_TRUE((*kernels)[1].starting);
 }
 
 TEST(MetadataStoreTest, UnopenablePathIsAClearError) {

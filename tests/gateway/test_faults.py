@@ -1,12 +1,15 @@
 """Faults below the gateway, with `nbos gateway` and `nbos daemon` started one by one: a server
 whose data store is unreachable makes kernel starts fail at once with a clear error (not after
 the start timeout), nothing is left behind, and the gateway keeps serving; replicas of kernels
-deleted while their daemons were not registered, or lost from the gateway's database, are
-stopped."""
+deleted while their daemons were not registered, lost from the gateway's database, or started
+by a gateway killed before they answered, are stopped."""
 
 import os
+import pathlib
+import re
 import signal
 import sqlite3
+import threading
 import time
 
 import pytest
@@ -38,6 +41,39 @@ def test_a_kernel_deleted_right_after_a_gateway_restart_leaves_no_replica(health
     # Before the daemons have registered again: the delete waits for them.
     status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{model['id']}")
     assert status == 204, body
+    c.wait_no_replicas()
+
+
+def test_a_gateway_killed_while_a_start_waits_for_its_replicas_forgets_the_kernel(
+        healthy_split_cluster):
+    """The gateway goes down after a kernel start has recorded its replicas and before they have
+    answered, so its client never got a 201. Restarted, the gateway must not have the kernel, and
+    the replicas that start launched are stopped as orphans."""
+    c = healthy_split_cluster
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    answers = []
+
+    def start():
+        try:
+            answers.append(rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"}))
+        except OSError as e:  # the gateway went away mid-request
+            answers.append(e)
+
+    client = threading.Thread(target=start)
+    client.start()
+    deadline = time.time() + 60
+    while not (m := re.search(r"kernel (\S+): waiting for its replicas\b",
+                              gateway_log.read_text(errors="replace"))):
+        assert time.time() < deadline, "no start waited for its replicas"
+        time.sleep(0.005)
+    c.kill_gateway()
+    client.join(timeout=60)
+    assert answers and not isinstance(answers[0], tuple), f"the start finished first: {answers}"
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    assert rest_call(c.url, c.token, "GET", "/api/kernels") == (200, [])
+    assert rest_call(c.url, c.token, "GET", f"/api/kernels/{m.group(1)}")[0] == 404
+    assert "its start was cut off" in gateway_log.read_text(errors="replace")
     c.wait_no_replicas()
 
 
