@@ -315,6 +315,9 @@ bool GatewayAnswers(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Something else on the port may accept and never answer.
+  const timeval wait{.tv_sec = 1, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
   bool ok = false;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     const std::string req = "GET /api HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
@@ -565,16 +568,26 @@ int ServeUp(std::vector<Child>& children, const sigset_t& signals,
 
 int RunUp(UpArgs& args, const std::string& self_path) {
   const sigset_t signals = BlockStopSignals();
+  const bool any_port = args.port == 0;
   if (std::optional<int> code = PrepareUp(args)) return *code;
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const std::string control = "127.0.0.1:" + std::to_string(FreePort());
-  std::vector<Child> children{GatewayChild(args, self_path, control)};
-  // Without auto-scaling the daemons are this process's children, restarted when they die.
-  if (args.max_hosts == args.hosts) {
-    for (Child& d : DaemonChildren(args, self_path, control)) children.push_back(std::move(d));
-  }
   auto log_of = [&](const Child& c) { return args.state_dir + "/logs/" + c.name + ".log"; };
-  if (!StartGateway(children, args, log_of(children[0]))) return 1;
+  std::vector<Child> children;
+  // A port found free may be taken before the gateway binds it (FreePort closes its socket):
+  // the gateway then exits, and a second try with other ports goes on.
+  for (int attempt = 1;; ++attempt) {
+    const std::string control = "127.0.0.1:" + std::to_string(FreePort());
+    children = {GatewayChild(args, self_path, control)};
+    // Without auto-scaling the daemons are this process's children, restarted when they die.
+    if (args.max_hosts == args.hosts) {
+      for (Child& d : DaemonChildren(args, self_path, control)) children.push_back(std::move(d));
+    }
+    if (StartGateway(children, args, log_of(children[0]))) break;
+    if (attempt == 3) return 1;
+    std::cerr << "nbos up: starting the gateway again on "
+              << (any_port ? "other ports" : "another control port") << "\n";
+    if (any_port) args.port = FreePort();
+  }
   if (args.frontend) children.push_back(FrontendChild(args));  // the last one: stopped first
   for (size_t i = 1; i < children.size(); ++i)
     children[i].pid = Spawn(children[i], log_of(children[i]));

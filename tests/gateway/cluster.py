@@ -97,9 +97,12 @@ class Cluster(ClusterApi):
              "--port", "0", "--state-dir", self.state_dir, "--log-level", "info", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=None if env is None else {**os.environ, **env})
-        line = self.proc.stdout.readline()
-        m = re.match(r"gateway: (http://\S+) token: (\S+)", line)
-        assert m, f"nbos up printed {line!r}"
+        m, said = None, []  # what nbos up says before its address (a gateway started again)
+        for line in iter(self.proc.stdout.readline, ""):
+            if m := re.match(r"gateway: (http://\S+) token: (\S+)", line):
+                break
+            said.append(line)
+        assert m, f"nbos up printed {''.join(said)!r}\n{log_tails([self.state_dir + '/logs'])}"
         self.url, self.token = m.group(1), m.group(2)
         self.hosts = hosts
         deadline = time.time() + 60

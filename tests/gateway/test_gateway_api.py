@@ -6,11 +6,13 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import tempfile
 import time
 
 import websocket
 
-from cluster import KernelSocket
+from cluster import KernelSocket, nbos_bin, processes_under
 
 
 def test_token_is_required(cluster):
@@ -225,3 +227,19 @@ def test_kernels_start_from_warm_replica_processes(cluster):
     finally:
         cluster.request("DELETE", f"/api/kernels/{kernel_id}")
     assert "nbos_replica_launches_total{" in urllib_get(cluster, "/metrics")
+
+
+def test_nbos_up_on_a_port_another_program_holds_fails_clearly_and_leaves_nothing():
+    """The port accepts connections and never answers (before, nbos up waited for it forever)."""
+    with socket.socket() as taken, tempfile.TemporaryDirectory(prefix="nbos-up-") as state:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = subprocess.run([nbos_bin(), "up", "--hosts", "3", "--port", str(port),
+                             "--state-dir", state, "--token", "T"],
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 1, up
+        assert "the gateway did not start" in up.stderr, up.stderr
+        with open(f"{state}/logs/gateway.log") as log:
+            assert f"cannot listen on 127.0.0.1:{port}" in log.read()
+        assert not processes_under(state)
