@@ -1,6 +1,7 @@
 #include "replication/raft_node.h"
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -70,6 +71,16 @@ struct RaftNode::Impl {
   std::deque<std::pair<std::string, Committed>> waiting;
   bool raft_closing = false;
 
+  // What Leader, Members and LastApplied answer on other threads, published by the loop at the
+  // end of each of its turns. Asking the loop instead cost every proposal a round trip through
+  // it (two thread wake-ups) just to learn who leads.
+  uv_check_t turn_end{};
+  bool turn_end_open = false;
+  std::mutex view_mu;
+  Member leader_view;                // guarded by view_mu
+  std::vector<Member> members_view;  // guarded by view_mu
+  std::atomic<uint64_t> last_applied_view{0};
+
   // Runs `fn` on the loop thread. False when the node is closed (fn is dropped).
   bool Post(std::function<void()> fn) {
     {
@@ -94,16 +105,6 @@ struct RaftNode::Impl {
       fn(std::move(*shared));
     });
     if (!accepted) (*shared)(Unavailable(std::string(what) + ": node is closed"));
-  }
-
-  // Runs `fn` on the loop thread and waits for its result.
-  template <typename T>
-  T Call(std::function<T()> fn, T if_closed) {
-    if (std::this_thread::get_id() == loop_thread_id) return fn();
-    auto promise = std::make_shared<std::promise<T>>();
-    auto future = promise->get_future();
-    if (!Post([fn, promise] { promise->set_value(fn()); })) return if_closed;
-    return future.get();
   }
 
   static void OnWake(uv_async_t* handle) {
@@ -131,6 +132,59 @@ struct RaftNode::Impl {
     }
     return Internal(std::string(what) + ": " + raft_strerror(rv));
   }
+
+  // --- the view other threads read ---
+
+  Member CurrentLeader() {
+    if (raft_closing) return Member{};
+    raft_id id = 0;
+    const char* address = nullptr;
+    raft_leader(&raft, &id, &address);
+    return Member{id, address ? address : "", Role::kVoter};
+  }
+
+  std::vector<Member> CurrentMembers() {
+    std::vector<Member> members;
+    if (raft_closing) return members;
+    const struct raft_configuration& conf = raft.configuration;
+    for (unsigned i = 0; i < conf.n; ++i) {
+      const struct raft_server& s = conf.servers[i];
+      members.push_back({s.id, s.address ? s.address : "", RoleOf(s.role)});
+    }
+    return members;
+  }
+
+  // Called on the loop thread, or before it starts. Compares before it copies: most turns
+  // change neither the leader nor the configuration, and then nothing is allocated or locked.
+  void PublishView() {
+    last_applied_view.store(raft_closing ? 0 : raft_last_applied(&raft), std::memory_order_release);
+    raft_id id = 0;
+    const char* address = nullptr;
+    if (!raft_closing) raft_leader(&raft, &id, &address);
+    const bool leader_same =
+        leader_view.id == id && leader_view.address == (address ? address : "");
+    if (leader_same && SameMembers()) return;
+    Member leader = CurrentLeader();
+    std::vector<Member> members = CurrentMembers();
+    std::lock_guard lock(view_mu);
+    leader_view = std::move(leader);
+    members_view = std::move(members);
+  }
+
+  // Reads members_view without view_mu: only the loop thread writes it.
+  bool SameMembers() const {
+    const unsigned n = raft_closing ? 0 : raft.configuration.n;
+    if (members_view.size() != n) return false;
+    for (unsigned i = 0; i < n; ++i) {
+      const struct raft_server& s = raft.configuration.servers[i];
+      const Member& m = members_view[i];
+      if (m.id != s.id || m.role != RoleOf(s.role) || m.address != (s.address ? s.address : ""))
+        return false;
+    }
+    return true;
+  }
+
+  static void OnTurnEnd(uv_check_t* handle) { static_cast<Impl*>(handle->data)->PublishView(); }
 
   // --- proposals, bounded in flight ---
 
@@ -286,10 +340,12 @@ struct RaftNode::Impl {
     raft_uv_close(&self->io);
     raft_uv_tcp_close(&self->transport);
     uv_close(reinterpret_cast<uv_handle_t*>(&self->wake), nullptr);
+    if (self->turn_end_open) uv_close(reinterpret_cast<uv_handle_t*>(&self->turn_end), nullptr);
   }
 
   void BeginClose() {
     raft_closing = true;
+    PublishView();
     for (auto& [command, done] : waiting) done(Unavailable("propose: node is shutting down"));
     waiting.clear();
     raft_close(&raft, OnRaftClosed);
@@ -384,6 +440,12 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
     return close_raft(
         Unavailable("raft start on " + options.address + ": " + raft_errmsg(&p->raft)));
   }
+
+  p->PublishView();
+  p->turn_end.data = p;
+  uv_check_init(&p->loop, &p->turn_end);
+  uv_check_start(&p->turn_end, Impl::OnTurnEnd);
+  p->turn_end_open = true;
 
   std::promise<void> running;
   auto started = running.get_future();
@@ -485,35 +547,24 @@ void RaftNode::TransferLeadership(ServerId to, Done done) {
 
 Member RaftNode::Leader() {
   Impl* p = impl_.get();
-  return p->Call<Member>(
-      [p] {
-        raft_id id = 0;
-        const char* address = nullptr;
-        raft_leader(&p->raft, &id, &address);
-        return Member{id, address ? address : "", Role::kVoter};
-      },
-      Member{});
+  if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentLeader();
+  std::lock_guard lock(p->view_mu);
+  return p->leader_view;
 }
 
 uint64_t RaftNode::LastApplied() {
   Impl* p = impl_.get();
-  return p->Call<uint64_t>([p] { return static_cast<uint64_t>(raft_last_applied(&p->raft)); }, 0);
+  if (std::this_thread::get_id() == p->loop_thread_id) {
+    return static_cast<uint64_t>(raft_last_applied(&p->raft));
+  }
+  return p->last_applied_view.load(std::memory_order_acquire);
 }
 
 std::vector<Member> RaftNode::Members() {
   Impl* p = impl_.get();
-  return p->Call<std::vector<Member>>(
-      [p] {
-        std::vector<Member> members;
-        if (p->raft_closing) return members;
-        const struct raft_configuration& conf = p->raft.configuration;
-        for (unsigned i = 0; i < conf.n; ++i) {
-          const struct raft_server& s = conf.servers[i];
-          members.push_back({s.id, s.address ? s.address : "", RoleOf(s.role)});
-        }
-        return members;
-      },
-      {});
+  if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentMembers();
+  std::lock_guard lock(p->view_mu);
+  return p->members_view;
 }
 
 }  // namespace nbos::replication

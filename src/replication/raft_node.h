@@ -66,11 +66,15 @@ class RaftNode final : public ReplicatedLog {
   void Assign(ServerId id, Role role, Done done) override;
   void Remove(ServerId id, Done done) override;
   void TransferLeadership(ServerId to, Done done) override;
+  // Leader, LastApplied and Members answer at once, without waiting for the loop: on other
+  // threads they give the member's view as of the end of the loop's last turn (the last event
+  // it handled), on the loop thread its view now. No leader, no members and 0 once the member
+  // is closing.
   Member Leader() override;
-  // Index of the last command applied on this member. Thread-safe.
+  // Index of the last command applied on this member.
   uint64_t LastApplied();
   // The configuration as this member knows it: the latest one it appended, committed or not
-  // (C-Raft's view). Empty for a member that has not joined yet or is closed. Thread-safe.
+  // (C-Raft's view). Empty for a member that has not joined yet or is closed.
   std::vector<Member> Members();
 
  private:

@@ -215,6 +215,34 @@ TEST_F(RaftNodeTest, CloseFailsPendingWorkInsteadOfLosingCallbacks) {
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
 }
 
+TEST_F(RaftNodeTest, LeaderMembersAndLastAppliedAnswerWhileTheLoopIsBusy) {
+  size_t leader = Leader();
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "a").ok());
+  // The commit callback of "b" holds the loop thread until released.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> holding;
+  nodes_[leader]->Propose("b", [&holding, released](Result<uint64_t>) {
+    holding.set_value();
+    released.wait();
+  });
+  holding.get_future().wait();
+  RaftNode& node = *nodes_[leader];
+  auto view = std::async(std::launch::async, [&node] {
+    return std::make_tuple(node.Leader().id, node.Members().size(), node.LastApplied());
+  });
+  const bool answered = view.wait_for(5s) == std::future_status::ready;
+  release.set_value();
+  ASSERT_TRUE(answered) << "Leader/Members/LastApplied waited for the loop";
+  auto [leader_id, members, applied] = view.get();
+  EXPECT_EQ(leader_id, leader + 1);
+  EXPECT_EQ(members, 3u);
+  EXPECT_GE(applied, 1u);
+  node.Close();
+  EXPECT_EQ(node.Leader().id, 0u);
+  EXPECT_TRUE(node.Members().empty());
+}
+
 TEST_F(RaftNodeTest, BadOptionsAreErrors) {
   ListMachine m;
   RaftNodeOptions o;
