@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <future>
+#include <utility>
 
 #include "common/ids.h"
 #include "gateway/replica_ops.h"
@@ -280,7 +281,7 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
   // Nobody else removes it: deletes and restarts wait for the operation lock held here.
   std::optional<KernelRecord> started = registry_->FindKernel(id);
   NBOS_CHECK(started.has_value(), "a starting kernel left the registry");
-  if (s.ok()) s = RecordStart(*started, /*starting=*/true);
+  if (s.ok()) s = RecordMarked(*started, &StoredKernel::starting, true);
   if (s.ok()) {
     auto session = StartSession(*started);
     if (session.ok()) {
@@ -292,7 +293,7 @@ Result<KernelRecord> KernelManager::Create(const std::string& kernelspec,
       s = session.status();
     }
   }
-  if (s.ok()) s = RecordStart(*started, /*starting=*/false);
+  if (s.ok()) s = RecordMarked(*started, &StoredKernel::starting, false);
   if (!s.ok()) {
     spdlog::error("kernel {} did not start: {}", id, s.ToString());
     if (started->session) started->session->Shutdown();
@@ -330,10 +331,14 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   MutexLock op(found->op_mu.get());
   std::optional<KernelRecord> k = registry_->FindKernel(kernel_id);
   if (!k) return NotFound("no kernel " + kernel_id);
+  // Recorded before anything is stopped: a gateway that goes down from here on restarts the
+  // kernel again when it comes back, instead of restoring it on stopped replicas.
+  if (Status s = RecordMarked(*k, &StoredKernel::restarting, true); !s.ok()) return s;
   std::vector<std::string> server_ids;
   for (const StoredReplica& r : k->meta.replicas) server_ids.push_back(r.server_id);
   if (k->session) k->session->Shutdown();
   StopReplicas(k->meta);
+  spdlog::info("kernel {}: restarting; its replicas are stopped", kernel_id);
   if (k->suspended) {
     // A restart discards the namespace, so the checkpoint too; the replicas are placed anew.
     auto placed = registry_->PlaceForResume(kernel_id, options_.replicas);
@@ -353,13 +358,17 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   Status s = LaunchReplicas(kernel_id, server_ids);
   std::optional<KernelRecord> restarted = registry_->FindKernel(kernel_id);
   if (!restarted) return NotFound("kernel " + kernel_id + " was deleted while it restarted");
-  if (s.ok()) s = store_->Put(restarted->meta);
+  if (s.ok()) s = RecordMarked(*restarted, &StoredKernel::restarting, true);
   if (!s.ok()) return s;
   auto session = StartSession(*restarted);
   if (!session.ok()) return session.status();
   restarted->session = *session;
   registry_->UpdateKernel(kernel_id, [&](KernelRecord& r) { r.session = *session; });
   if (Status awaited = AwaitReplicas(*restarted); !awaited.ok()) return awaited;
+  if (Status recorded = RecordMarked(*restarted, &StoredKernel::restarting, false);
+      !recorded.ok()) {
+    return recorded;
+  }
   spdlog::info("kernel {} restarted", kernel_id);
   return *restarted;
 }
@@ -382,11 +391,11 @@ ReplicaId KernelManager::UndoCutOffResume(StoredKernel& meta) {
   return highest;
 }
 
-// The registry's record keeps `starting` false, so that no later write of it marks a running
-// kernel as one whose start was cut off.
-Status KernelManager::RecordStart(const KernelRecord& k, bool starting) {
+// The registry's record keeps its marks false, so that no later write of it marks a kernel as
+// one whose start or restart was cut off.
+Status KernelManager::RecordMarked(const KernelRecord& k, bool StoredKernel::*mark, bool on) {
   StoredKernel meta = k.meta;
-  meta.starting = starting;
+  meta.*mark = on;
   return store_->Put(meta);
 }
 
@@ -400,6 +409,16 @@ void KernelManager::ForgetCutOffStart(const StoredKernel& meta) {
   }
 }
 
+// A restart the last gateway did not see through: the recorded replicas may be stopped, or
+// replaced by ones started with a key that was never recorded. The kernel is restored and
+// restarted again, which stops whatever runs under its replica ids and starts new replicas. The
+// mark stays in the database until that restart has finished.
+void KernelManager::RestartCutOffRestart(const std::string& kernel_id) {
+  spdlog::warn("kernel {}: its restart was cut off by a gateway restart; it is restarted again",
+               kernel_id);
+  chores_.Post(kernel_id, [this, kernel_id] { OnShutdownRequested(kernel_id, true); });
+}
+
 Status KernelManager::Restore() {
   auto stored = store_->List();
   if (!stored.ok()) return stored.status();
@@ -407,11 +426,13 @@ Status KernelManager::Restore() {
     if (meta.starting) ForgetCutOffStart(meta);
     return meta.starting;
   });
+  std::vector<std::string> cut_off_restarts;
   for (StoredKernel& meta : *stored) {
     KernelRecord k;
     k.request = ResourcesFromJson(meta.resources, options_.default_request);
     k.meta = std::move(meta);
     if (k.meta.resuming) k.last_replica_id = UndoCutOffResume(k.meta);
+    const bool restart = std::exchange(k.meta.restarting, false);
     auto session = StartSession(k);
     if (!session.ok()) {
       spdlog::error("kernel {} could not be restored: {}", k.meta.kernel_id,
@@ -425,9 +446,11 @@ Status KernelManager::Restore() {
     } else {
       k.session->RecoverExecution();
     }
+    if (restart) cut_off_restarts.push_back(k.meta.kernel_id);
     registry_->RestoreKernel(std::move(k));
   }
   if (!stored->empty()) spdlog::info("restored {} kernel(s) from the database", stored->size());
+  for (const std::string& id : cut_off_restarts) RestartCutOffRestart(id);
   return Status::Ok();
 }
 

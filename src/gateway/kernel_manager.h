@@ -88,8 +88,9 @@ class KernelManager {
   Status LinkResumedReplicas(const std::string& kernel_id, SteadyClock::time_point deadline);
   Status RecordResumed(const std::string& kernel_id);
   ReplicaId UndoCutOffResume(StoredKernel& meta);
-  Status RecordStart(const KernelRecord& k, bool starting);
+  Status RecordMarked(const KernelRecord& k, bool StoredKernel::*mark, bool on);
   void ForgetCutOffStart(const StoredKernel& meta);
+  void RestartCutOffRestart(const std::string& kernel_id);
   Status CheckQuota(const KernelStarter& starter, const sched::Resources& request) const;
 
   const KernelManagerOptions options_;

@@ -46,11 +46,11 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
         "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "
         "kernelspec TEXT, key TEXT, session TEXT, resources TEXT, "
         "created TEXT, replicas TEXT, env TEXT, checkpoint TEXT, owner TEXT, resuming TEXT, "
-        "starting TEXT)"}) {
+        "starting TEXT, restarting TEXT)"}) {
     if (Status s = store->Exec(sql); !s.ok()) return s;
   }
   // Databases written before a column existed gain it; their kernels read as not having it.
-  for (const char* column : {"env", "checkpoint", "owner", "resuming", "starting"}) {
+  for (const char* column : {"env", "checkpoint", "owner", "resuming", "starting", "restarting"}) {
     Statement probe;
     const std::string select = std::string("SELECT ") + column + " FROM kernels LIMIT 0";
     if (sqlite3_prepare_v2(db, select.c_str(), -1, &probe.stmt, nullptr) != SQLITE_OK) {
@@ -77,11 +77,12 @@ Status MetadataStore::Exec(const char* sql) {
 Status MetadataStore::Put(const StoredKernel& k) {
   std::lock_guard lock(Mu());
   Statement st;
-  if (sqlite3_prepare_v2(db_,
-                         "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
-                         "created, replicas, env, checkpoint, owner, resuming, starting) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         -1, &st.stmt, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(
+          db_,
+          "INSERT OR REPLACE INTO kernels (id, kernelspec, key, session, resources, "
+          "created, replicas, env, checkpoint, owner, resuming, starting, restarting) "
+          "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
   }
   const std::string resources = k.resources.dump();
@@ -89,10 +90,11 @@ Status MetadataStore::Put(const StoredKernel& k) {
   const std::string env = Json(k.env).dump();
   const std::string resuming = k.resuming ? "1" : "";
   const std::string starting = k.starting ? "1" : "";
-  const std::string* values[] = {&k.kernel_id,  &k.kernelspec, &k.key,    &k.session_id,
-                                 &resources,    &k.created,    &replicas, &env,
-                                 &k.checkpoint, &k.owner,      &resuming, &starting};
-  for (int i = 0; i < 12; ++i) {
+  const std::string restarting = k.restarting ? "1" : "";
+  const std::string* values[] = {&k.kernel_id, &k.kernelspec, &k.key,     &k.session_id, &resources,
+                                 &k.created,   &replicas,     &env,       &k.checkpoint, &k.owner,
+                                 &resuming,    &starting,     &restarting};
+  for (int i = 0; i < 13; ++i) {
     sqlite3_bind_text(st.stmt, i + 1, values[i]->c_str(), static_cast<int>(values[i]->size()),
                       SQLITE_TRANSIENT);
   }
@@ -122,7 +124,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
   Statement st;
   if (sqlite3_prepare_v2(db_,
                          "SELECT id, kernelspec, key, session, resources, created, replicas, env, "
-                         "checkpoint, owner, resuming, starting "
+                         "checkpoint, owner, resuming, starting, restarting "
                          "FROM kernels ORDER BY created",
                          -1, &st.stmt, nullptr) != SQLITE_OK) {
     return Unavailable(std::string("gateway database: ") + sqlite3_errmsg(db_));
@@ -159,6 +161,7 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
     k.owner = text(9);
     k.resuming = text(10) == "1";
     k.starting = text(11) == "1";
+    k.restarting = text(12) == "1";
     out.push_back(std::move(k));
   }
   if (rc != SQLITE_DONE)

@@ -47,6 +47,10 @@ struct StoredKernel {
   // had no 201): a gateway restarted meanwhile forgets the kernel, and its replicas, unknown to
   // it, are stopped as orphans.
   bool starting = false;
+  // Set from a restart's first step (before its old replicas are stopped) until its new replicas
+  // have all answered: a gateway restarted meanwhile restarts the kernel again, since its
+  // recorded replicas may be stopped ones, or new ones under a key it never recorded.
+  bool restarting = false;
 };
 
 class MetadataStore {

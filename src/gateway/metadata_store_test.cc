@@ -26,6 +26,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
     k.owner = "alice";
     k.resuming = true;
     k.starting = true;
+    k.restarting = true;
     ASSERT_TRUE((*db)->Put(k).ok());
     k.kernel_id = "k2";
     ASSERT_TRUE((*db)->Put(k).ok());
@@ -49,6 +50,7 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   EXPECT_EQ(k.owner, "alice");
   EXPECT_TRUE(k.resuming);
   EXPECT_TRUE(k.starting);
+  EXPECT_TRUE(k.restarting);
 }
 
 TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
@@ -75,6 +77,7 @@ TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
   fresh.owner = "bob";
   fresh.resuming = true;
   fresh.starting = true;
+  fresh.restarting = true;
   ASSERT_TRUE((*db)->Put(fresh).ok());
   auto kernels = (*db)->List();
   ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
@@ -85,10 +88,12 @@ TEST(MetadataStoreTest, DatabaseWithoutTheNewerColumnsIsUpgraded) {
   EXPECT_TRUE((*kernels)[0].owner.empty());
   EXPECT_FALSE((*kernels)[0].resuming);
   EXPECT_FALSE((*kernels)[0].starting);
+  EXPECT_FALSE((*kernels)[0].restarting);
   EXPECT_EQ((*kernels)[1].env.at("KERNEL_X"), "1");
   EXPECT_EQ((*kernels)[1].owner, "bob");
   EXPECT_TRUE((*kernels)[1].resuming);
   EXPECT_TRUE((*kernels)[1].starting);
+  EXPECT_TRUE((*kernels)[1].restarting);
 }
 
 TEST(MetadataStoreTest, UnopenablePathIsAClearError) {

@@ -2,7 +2,8 @@
 whose data store is unreachable makes kernel starts fail at once with a clear error (not after
 the start timeout), nothing is left behind, and the gateway keeps serving; replicas of kernels
 deleted while their daemons were not registered, lost from the gateway's database, or started
-by a gateway killed before they answered, are stopped."""
+by a gateway killed before they answered, are stopped; a kernel whose restart a gateway kill cut
+off is restarted again."""
 
 import os
 import pathlib
@@ -13,6 +14,7 @@ import threading
 import time
 
 import pytest
+import websocket
 
 from cluster import KernelSocket, is_replica_of, rest_call, split_cluster
 
@@ -74,6 +76,66 @@ def test_a_gateway_killed_while_a_start_waits_for_its_replicas_forgets_the_kerne
     assert rest_call(c.url, c.token, "GET", "/api/kernels") == (200, [])
     assert rest_call(c.url, c.token, "GET", f"/api/kernels/{m.group(1)}")[0] == 404
     assert "its start was cut off" in gateway_log.read_text(errors="replace")
+    c.wait_no_replicas()
+
+
+def test_a_gateway_killed_while_a_restart_is_under_way_restarts_the_kernel_again(
+        healthy_split_cluster):
+    """The gateway goes down after a kernel restart has stopped the kernel's replicas and before
+    its new ones have answered. Restarted, the gateway must still have the kernel and restart it
+    again: a cell runs on a fresh namespace, and only the kernel's three new replicas run."""
+    c = healthy_split_cluster
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token, timeout=60)
+    reply, _ = ks.execute("before_restart = 41")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    ks.close()
+    answers = []
+
+    def restart():
+        try:
+            answers.append(rest_call(c.url, c.token, "POST", f"/api/kernels/{kid}/restart", {}))
+        except OSError as e:  # the gateway went away mid-request
+            answers.append(e)
+
+    client = threading.Thread(target=restart)
+    client.start()
+    deadline = time.time() + 60
+    while f"kernel {kid}: restarting; its replicas are stopped" not in gateway_log.read_text(
+            errors="replace"):
+        assert time.time() < deadline, "the restart did not stop the replicas"
+        time.sleep(0.005)
+    c.kill_gateway()
+    client.join(timeout=60)
+    assert answers and not isinstance(answers[0], tuple), f"the restart finished first: {answers}"
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    assert rest_call(c.url, c.token, "GET", f"/api/kernels/{kid}")[0] == 200
+    # The restored gateway's own restart closes the sockets of clients that came before it.
+    deadline = time.time() + 120
+    while True:
+        try:
+            ks = KernelSocket(c.url, kid, c.token, timeout=10)
+            cells = [ks.execute("before_restart")[0], ks.execute("after_restart = 1")[0]]
+            ks.close()
+            break
+        except (OSError, ValueError, websocket.WebSocketException, AssertionError) as e:
+            assert time.time() < deadline, f"the kernel runs no cell after the gateway restart: {e}"
+    assert cells[0]["content"]["ename"] == "NameError", cells[0]["content"]
+    assert cells[1]["content"]["status"] == "ok", cells[1]["content"]
+    while f"kernel {kid} restarted" not in (text := gateway_log.read_text(errors="replace")):
+        assert time.time() < deadline, "the restored gateway did not restart the kernel"
+        time.sleep(0.1)
+    assert "its restart was cut off" in text
+    deadline = time.time() + 30
+    while len(c.replicas()) != 3:
+        assert time.time() < deadline, f"replicas besides the kernel's three: {c.replicas()}"
+        time.sleep(0.2)
+    status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")
+    assert status == 204, body
     c.wait_no_replicas()
 
 
