@@ -313,14 +313,16 @@ Status KernelManager::Delete(const std::string& kernel_id) {
   std::optional<KernelRecord> found = registry_->FindKernel(kernel_id);
   if (!found) return NotFound("no kernel " + kernel_id);
   MutexLock op(found->op_mu.get());
+  // Out of the database before anything stops: a gateway that goes down from here on neither
+  // restores the kernel on replicas it stopped nor loses track of the others, which it stops as
+  // orphans. A database that cannot be written leaves the kernel as it was.
+  if (Status s = store_->Remove(kernel_id); !s.ok()) return s;
   // Taken under the operation lock: a migration may have changed the replicas meanwhile.
   std::optional<KernelRecord> k = registry_->RemoveKernel(kernel_id);
   if (!k) return NotFound("no kernel " + kernel_id);
+  spdlog::info("kernel {}: deleting; it is out of the database", kernel_id);
   if (k->session) k->session->Shutdown();  // releases outstanding grants, closes client sockets
   StopReplicas(k->meta);
-  if (Status s = store_->Remove(kernel_id); !s.ok()) {
-    spdlog::warn("kernel {}: removing it from the database: {}", kernel_id, s.ToString());
-  }
   spdlog::info("kernel {} deleted", kernel_id);
   return Status::Ok();
 }

@@ -56,7 +56,8 @@ class KernelManager {
   Result<KernelRecord> Create(const std::string& kernelspec,
                               const std::map<std::string, std::string>& env,
                               const KernelStarter& starter = {});
-  // NotFound for an unknown kernel.
+  // Removes the kernel from the database, then stops its replicas. NotFound for an unknown
+  // kernel; Unavailable, the kernel untouched, when the database cannot be written.
   Status Delete(const std::string& kernel_id);
   Result<KernelRecord> Restart(const std::string& kernel_id);
   // Kernels of the database, with their sessions (their replicas kept running).

@@ -41,6 +41,9 @@ Result<std::unique_ptr<MetadataStore>> MetadataStore::Open(const std::string& pa
     return Unavailable("opening the gateway database " + path + ": " + message);
   }
   std::unique_ptr<MetadataStore> store(new MetadataStore(db));
+  // Another process may hold the database briefly (an operator's sqlite3, a backup): a write
+  // waits that long before it fails.
+  sqlite3_busy_timeout(db, 2000);
   for (const char* sql :
        {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
         "CREATE TABLE IF NOT EXISTS kernels (id TEXT PRIMARY KEY, "

@@ -1,5 +1,6 @@
 // The gateway's durable metadata: every kernel with its resources and replicas, in SQLite (WAL,
-// synchronous=FULL), so a gateway restart keeps every kernel and clients reconnect.
+// synchronous=FULL), so a gateway restart keeps every kernel and clients reconnect. A write that
+// another process holds the database against waits up to 2 s, then fails with kUnavailable.
 #pragma once
 
 #include <map>

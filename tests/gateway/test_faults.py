@@ -3,7 +3,7 @@ whose data store is unreachable makes kernel starts fail at once with a clear er
 the start timeout), nothing is left behind, and the gateway keeps serving; replicas of kernels
 deleted while their daemons were not registered, lost from the gateway's database, or started
 by a gateway killed before they answered, are stopped; a kernel whose restart a gateway kill cut
-off is restarted again."""
+off is restarted again, and one whose delete it cut off stays deleted."""
 
 import os
 import pathlib
@@ -134,6 +134,67 @@ def test_a_gateway_killed_while_a_restart_is_under_way_restarts_the_kernel_again
     while len(c.replicas()) != 3:
         assert time.time() < deadline, f"replicas besides the kernel's three: {c.replicas()}"
         time.sleep(0.2)
+    status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")
+    assert status == 204, body
+    c.wait_no_replicas()
+
+
+def test_a_gateway_killed_while_a_delete_stops_the_replicas_does_not_bring_the_kernel_back(
+        healthy_split_cluster):
+    """The gateway goes down while a kernel delete stops the kernel's replicas. Restarted, the
+    gateway must not have the kernel, and the replicas the delete did not stop are stopped as
+    orphans."""
+    c = healthy_split_cluster
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    answers = []
+
+    def delete():
+        try:
+            answers.append(rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}"))
+        except OSError as e:  # the gateway went away mid-request
+            answers.append(e)
+
+    client = threading.Thread(target=delete)
+    client.start()
+    deadline = time.time() + 60
+    while f"kernel {kid}: deleting" not in gateway_log.read_text(errors="replace"):
+        assert time.time() < deadline, "the delete did not begin"
+        time.sleep(0.005)
+    c.kill_gateway()
+    client.join(timeout=60)
+    assert answers and not isinstance(answers[0], tuple), f"the delete finished first: {answers}"
+    c.gateway = c.start_gateway()
+    c.wait_servers()
+    assert rest_call(c.url, c.token, "GET", "/api/kernels") == (200, [])
+    assert rest_call(c.url, c.token, "GET", f"/api/kernels/{kid}")[0] == 404
+    c.wait_no_replicas()
+
+
+def test_a_delete_the_database_cannot_record_is_refused_and_leaves_the_kernel_running(
+        healthy_split_cluster):
+    """Another process holds the gateway database's write lock: a delete gets a clear error and
+    the kernel keeps running; once the lock is gone the delete goes through."""
+    c = healthy_split_cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    db = sqlite3.connect(f"{c.ps.root}/gateway/gateway.db", isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")
+        assert status == 503, (status, body)
+        assert "gateway database" in body["message"], body
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    assert len(c.replicas()) == 3
+    ks = KernelSocket(c.url, kid, c.token, timeout=60)
+    reply, _ = ks.execute("1 + 1")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    ks.close()
     status, body = rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}")
     assert status == 204, body
     c.wait_no_replicas()
