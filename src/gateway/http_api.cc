@@ -66,7 +66,7 @@ Json KernelModel(const KernelRecord& k) {
   Json m{{"id", k.meta.kernel_id},
          {"name", k.meta.kernelspec},
          {"last_activity", k.meta.created},
-         {"execution_state", "starting"},
+         {"execution_state", k.restarting ? "restarting" : "starting"},
          {"connections", 0}};
   if (k.session) {
     m["last_activity"] = k.session->last_activity();
@@ -214,13 +214,15 @@ void HttpApi::InstallKernelRoutes(http::Server* http) {
   http->Route("GET", "/api/kernels", [this](const http::Request& r) {
     Json list = Json::array();
     for (const KernelRecord& k : registry_->Kernels())
-      if (k.session && VisibleTo(r.identity, k)) list.push_back(KernelModel(k));
+      if ((k.session || k.restarting) && VisibleTo(r.identity, k)) list.push_back(KernelModel(k));
     return JsonResponse(200, list);
   });
   http->Route("POST", "/api/kernels", [this](const http::Request& r) { return PostKernel(r); });
   http->Route("GET", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
     auto k = VisibleKernel(r);
-    if (!k || !k->session) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
+    if (!k || !(k->session || k->restarting)) {
+      return Refuse(404, "no kernel " + r.params.at("kernel_id"));
+    }
     return JsonResponse(200, KernelModel(*k));
   });
   http->Route("DELETE", "/api/kernels/{kernel_id}", [this](const http::Request& r) {

@@ -336,6 +336,15 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   // Recorded before anything is stopped: a gateway that goes down from here on restarts the
   // kernel again when it comes back, instead of restoring it on stopped replicas.
   if (Status s = RecordMarked(*k, &StoredKernel::restarting, true); !s.ok()) return s;
+  // Listed as restarting from here until the restart ends, however it ends.
+  registry_->UpdateKernel(kernel_id, [](KernelRecord& r) { r.restarting = true; });
+  struct Unmark {
+    Registry* registry;
+    const std::string& id;
+    ~Unmark() {
+      registry->UpdateKernel(id, [](KernelRecord& r) { r.restarting = false; });
+    }
+  } unmark{registry_, kernel_id};
   std::vector<std::string> server_ids;
   for (const StoredReplica& r : k->meta.replicas) server_ids.push_back(r.server_id);
   if (k->session) k->session->Shutdown();

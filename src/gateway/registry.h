@@ -40,6 +40,10 @@ struct KernelRecord {
   StoredKernel meta;
   sched::Resources request;
   std::shared_ptr<KernelSession> session;  // null while the kernel starts or restarts
+  // A restart is under way: the kernel stays listed (execution_state "restarting") while it has
+  // no session, since clients such as jupyter server take a kernel missing from the list for
+  // one the gateway culled.
+  bool restarting = false;
   // Serialises restart, delete and migration of this kernel; never held with the registry's.
   std::shared_ptr<Mutex> op_mu = std::make_shared<Mutex>();
   bool in_cluster = false;  // part of the scheduler's view (all its servers registered)

@@ -46,35 +46,43 @@ def test_a_kernel_deleted_right_after_a_gateway_restart_leaves_no_replica(health
     c.wait_no_replicas()
 
 
+def kill_gateway_during(c, method, path, body, log_pattern):
+    """Sends the request on a thread and kills the gateway as soon as its log matches
+    `log_pattern`, before the request was answered. Returns the match."""
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    answers = []
+
+    def call():
+        try:
+            answers.append(rest_call(c.url, c.token, method, path, body))
+        except OSError as e:  # the gateway went away mid-request
+            answers.append(e)
+
+    client = threading.Thread(target=call)
+    client.start()
+    deadline = time.time() + 60
+    while not (m := re.search(log_pattern, gateway_log.read_text(errors="replace"))):
+        assert time.time() < deadline, f"the gateway never logged {log_pattern!r}"
+        time.sleep(0.005)
+    c.kill_gateway()
+    client.join(timeout=60)
+    assert answers and not isinstance(answers[0], tuple), f"the request finished first: {answers}"
+    return m
+
+
 def test_a_gateway_killed_while_a_start_waits_for_its_replicas_forgets_the_kernel(
         healthy_split_cluster):
     """The gateway goes down after a kernel start has recorded its replicas and before they have
     answered, so its client never got a 201. Restarted, the gateway must not have the kernel, and
     the replicas that start launched are stopped as orphans."""
     c = healthy_split_cluster
-    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
-    answers = []
-
-    def start():
-        try:
-            answers.append(rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"}))
-        except OSError as e:  # the gateway went away mid-request
-            answers.append(e)
-
-    client = threading.Thread(target=start)
-    client.start()
-    deadline = time.time() + 60
-    while not (m := re.search(r"kernel (\S+): waiting for its replicas\b",
-                              gateway_log.read_text(errors="replace"))):
-        assert time.time() < deadline, "no start waited for its replicas"
-        time.sleep(0.005)
-    c.kill_gateway()
-    client.join(timeout=60)
-    assert answers and not isinstance(answers[0], tuple), f"the start finished first: {answers}"
+    m = kill_gateway_during(c, "POST", "/api/kernels", {"name": "nbos"},
+                            r"kernel (\S+): waiting for its replicas\b")
     c.gateway = c.start_gateway()
     c.wait_servers()
     assert rest_call(c.url, c.token, "GET", "/api/kernels") == (200, [])
     assert rest_call(c.url, c.token, "GET", f"/api/kernels/{m.group(1)}")[0] == 404
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
     assert "its start was cut off" in gateway_log.read_text(errors="replace")
     c.wait_no_replicas()
 
@@ -85,7 +93,6 @@ def test_a_gateway_killed_while_a_restart_is_under_way_restarts_the_kernel_again
     its new ones have answered. Restarted, the gateway must still have the kernel and restart it
     again: a cell runs on a fresh namespace, and only the kernel's three new replicas run."""
     c = healthy_split_cluster
-    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
     kid = model["id"]
@@ -93,24 +100,8 @@ def test_a_gateway_killed_while_a_restart_is_under_way_restarts_the_kernel_again
     reply, _ = ks.execute("before_restart = 41")
     assert reply["content"]["status"] == "ok", reply["content"]
     ks.close()
-    answers = []
-
-    def restart():
-        try:
-            answers.append(rest_call(c.url, c.token, "POST", f"/api/kernels/{kid}/restart", {}))
-        except OSError as e:  # the gateway went away mid-request
-            answers.append(e)
-
-    client = threading.Thread(target=restart)
-    client.start()
-    deadline = time.time() + 60
-    while f"kernel {kid}: restarting; its replicas are stopped" not in gateway_log.read_text(
-            errors="replace"):
-        assert time.time() < deadline, "the restart did not stop the replicas"
-        time.sleep(0.005)
-    c.kill_gateway()
-    client.join(timeout=60)
-    assert answers and not isinstance(answers[0], tuple), f"the restart finished first: {answers}"
+    kill_gateway_during(c, "POST", f"/api/kernels/{kid}/restart", {},
+                        f"kernel {kid}: restarting; its replicas are stopped")
     c.gateway = c.start_gateway()
     c.wait_servers()
     assert rest_call(c.url, c.token, "GET", f"/api/kernels/{kid}")[0] == 200
@@ -126,6 +117,7 @@ def test_a_gateway_killed_while_a_restart_is_under_way_restarts_the_kernel_again
             assert time.time() < deadline, f"the kernel runs no cell after the gateway restart: {e}"
     assert cells[0]["content"]["ename"] == "NameError", cells[0]["content"]
     assert cells[1]["content"]["status"] == "ok", cells[1]["content"]
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
     while f"kernel {kid} restarted" not in (text := gateway_log.read_text(errors="replace")):
         assert time.time() < deadline, "the restored gateway did not restart the kernel"
         time.sleep(0.1)
@@ -145,27 +137,10 @@ def test_a_gateway_killed_while_a_delete_stops_the_replicas_does_not_bring_the_k
     gateway must not have the kernel, and the replicas the delete did not stop are stopped as
     orphans."""
     c = healthy_split_cluster
-    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
     status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
     assert status == 201, model
     kid = model["id"]
-    answers = []
-
-    def delete():
-        try:
-            answers.append(rest_call(c.url, c.token, "DELETE", f"/api/kernels/{kid}"))
-        except OSError as e:  # the gateway went away mid-request
-            answers.append(e)
-
-    client = threading.Thread(target=delete)
-    client.start()
-    deadline = time.time() + 60
-    while f"kernel {kid}: deleting" not in gateway_log.read_text(errors="replace"):
-        assert time.time() < deadline, "the delete did not begin"
-        time.sleep(0.005)
-    c.kill_gateway()
-    client.join(timeout=60)
-    assert answers and not isinstance(answers[0], tuple), f"the delete finished first: {answers}"
+    kill_gateway_during(c, "DELETE", f"/api/kernels/{kid}", None, f"kernel {kid}: deleting")
     c.gateway = c.start_gateway()
     c.wait_servers()
     assert rest_call(c.url, c.token, "GET", "/api/kernels") == (200, [])

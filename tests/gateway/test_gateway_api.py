@@ -1,6 +1,7 @@
 """The gateway's own REST and WebSocket API against `nbos up`: kernels with resource requests,
 the cluster view and metrics, bad input (wrong token, unknown kernels, malformed JSON and
-frames, oversized bodies, impossible requests), and a gateway restart that keeps every kernel."""
+frames, oversized bodies, impossible requests), a gateway restart that keeps every kernel, and
+a kernel restart that keeps the kernel listed."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 import websocket
@@ -183,6 +185,29 @@ def test_gateway_restart_keeps_kernels(cluster):
             text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
             assert text == "kept\n", (target, text)
         ks.close()
+    finally:
+        cluster.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
+def test_a_restarting_kernel_stays_listed_with_its_state(cluster):
+    """jupyter server forgets a kernel missing from the gateway's list as one the gateway culled:
+    while a restart runs, the kernel stays in the list and its model answers, `restarting`."""
+    kernel_id = cluster.start_kernel()
+    try:
+        answers = []
+        restart = threading.Thread(target=lambda: answers.append(
+            cluster.request("POST", f"/api/kernels/{kernel_id}/restart", {})))
+        restart.start()
+        states = set()
+        while restart.is_alive():
+            status, kernels = cluster.request("GET", "/api/kernels")
+            assert status == 200 and kernel_id in [k["id"] for k in kernels], kernels
+            status, model = cluster.request("GET", f"/api/kernels/{kernel_id}")
+            assert status == 200, model
+            states.add(model["execution_state"])
+        restart.join()
+        assert answers[0][0] == 200, answers
+        assert "restarting" in states, states
     finally:
         cluster.request("DELETE", f"/api/kernels/{kernel_id}")
 
