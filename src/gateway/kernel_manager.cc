@@ -384,14 +384,17 @@ Result<KernelRecord> KernelManager::Restart(const std::string& kernel_id) {
   return *restarted;
 }
 
-// A resume the last gateway did not see through: its replicas may never have started, and no
-// cell has run on them (the kernel's state is still the checkpoint). The kernel is suspended
-// again; its next request resumes it anew, and the attempt's replicas, now unknown, are stopped as
-// orphans once their daemons report them. Returns the attempt's highest replica id: the next
-// attempt's ids come after it, so that none is taken for an orphan still running.
+// A resume or suspension the last gateway did not see through: a resume's replicas may never have
+// started, a suspension's may still run, and no cell has run on them since the checkpoint (the
+// kernel's state). The kernel is suspended; its next request resumes it anew, and the recorded
+// replicas, now unknown, are stopped as orphans once their daemons report them. Returns their
+// highest replica id: the next attempt's ids come after it, so that none is taken for an orphan
+// still running.
 ReplicaId KernelManager::UndoCutOffResume(StoredKernel& meta) {
-  spdlog::warn("kernel {}: its resume was cut off by a gateway restart; it stays suspended",
-               meta.kernel_id);
+  spdlog::warn(
+      "kernel {}: its suspension or resume was cut off by a gateway restart; it stays "
+      "suspended",
+      meta.kernel_id);
   ReplicaId highest = 0;
   for (const StoredReplica& r : meta.replicas) highest = std::max(highest, r.replica_id);
   meta.replicas.clear();

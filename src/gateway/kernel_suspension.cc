@@ -52,6 +52,18 @@ Status KernelManager::Suspend(const std::string& kernel_id) {
         (reply.ok() ? reply->value("evalue", reply->dump()) : reply.status().message()));
   }
   const std::string key = (*reply)["key"];
+  // Recorded before anything stops (no cell runs meanwhile: executions are held): a gateway that
+  // goes down from here on restores the kernel suspended on this checkpoint, stops the replicas
+  // it had not stopped yet as orphans, and numbers the next ones after theirs. A database that
+  // cannot be written leaves the kernel running.
+  StoredKernel suspending = k->meta;
+  suspending.checkpoint = key;
+  suspending.resuming = true;  // its replicas are on their way out (UndoCutOffResume)
+  if (Status s = store_->Put(suspending); !s.ok()) {
+    session->HoldExecutions(false);
+    return s;
+  }
+  spdlog::info("kernel {}: suspending on checkpoint {}", kernel_id, key);
   // From here requests wait for a resume instead of going to replicas that are stopping.
   session->SetSuspended(true);
   for (const StoredReplica& r : k->meta.replicas) session->RemoveReplica(r.replica_id);
@@ -59,10 +71,12 @@ Status KernelManager::Suspend(const std::string& kernel_id) {
   StopReplicas(k->meta);
   const int64_t took_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started).count();
-  std::optional<StoredKernel> meta = registry_->MarkSuspended(kernel_id, key, took_ms);
-  if (meta) {
+  if (std::optional<StoredKernel> meta = registry_->MarkSuspended(kernel_id, key, took_ms)) {
     if (Status s = store_->Put(*meta); !s.ok()) {
-      spdlog::warn("kernel {}: recording the suspension: {}", kernel_id, s.ToString());
+      spdlog::warn(
+          "kernel {}: recording the suspension (a restarted gateway finds it suspended "
+          "all the same): {}",
+          kernel_id, s.ToString());
     }
   }
   spdlog::info("kernel {} suspended after being idle: checkpoint {}, {} ms", kernel_id, key,

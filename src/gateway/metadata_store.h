@@ -40,8 +40,9 @@ struct StoredKernel {
   // The user who started the kernel (http::Identity::user); only they and admins may use it.
   // Empty: started by an unnamed caller, or recorded before kernels had owners.
   std::string owner;
-  // Set while a resume's replicas are recorded but have not all answered yet: a gateway restarted
-  // meanwhile restores the kernel suspended on `checkpoint`, and the attempt's replicas, unknown
+  // Set while the recorded replicas are in passage around `checkpoint`: a resume's new replicas
+  // until they have all answered, or a suspension's old ones until they are stopped. A gateway
+  // restarted meanwhile restores the kernel suspended on `checkpoint`, and those replicas, unknown
   // to it, are stopped as orphans.
   bool resuming = false;
   // Set while a new kernel's replicas are recorded but have not all answered yet (its client has

@@ -2,7 +2,7 @@
 kernel idle that long is checkpointed to the blob store and its replicas stopped (their
 resources released); a client still connected keeps its WebSocket, kernel_info does not wake the
 kernel, and the next cell resumes it on three new replicas with the namespace intact (per-name
-digests on every replica), also after a gateway restart."""
+digests on every replica), also after a gateway restart, even one that cut a suspension off."""
 
 import contextlib
 import os
@@ -204,6 +204,27 @@ def restart_gateway_then_resume(c, kid, avoiding=frozenset()):
     resumed = {r["replica_id"] for r in kernel_of(c, kid)["replicas"]}
     assert resumed and not resumed & avoiding, (resumed, avoiding)
     delete_kernel(c, kid, ks)
+
+
+def test_a_gateway_killed_while_a_suspension_stops_the_replicas_finds_the_kernel_suspended(
+        cluster):
+    """The gateway goes down while an idle kernel's suspension stops its replicas. Restarted, it
+    must have the kernel suspended on the checkpoint the suspension took (not on the replicas it
+    was stopping), and the next cell resumes it with its state on replicas with new ids."""
+    c = cluster
+    kid, ks, kernel = kernel_with_state(c, "kept = 'state'")
+    ks.close()
+    stopping = {r["replica_id"] for r in kernel["replicas"]}
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+    deadline = time.time() + 60
+    while f"kernel {kid}: suspending" not in gateway_log.read_text(errors="replace"):
+        assert time.time() < deadline, "the idle kernel was not suspended"
+        time.sleep(0.005)
+    c.kill_gateway()
+    assert f"kernel {kid} suspended" not in gateway_log.read_text(errors="replace"), \
+        "the suspension finished first"
+    # The next replicas are numbered after the ones the suspension may have left running.
+    restart_gateway_then_resume(c, kid, avoiding=stopping)
 
 
 def test_a_gateway_restarted_between_resume_attempts_finds_the_kernel_suspended(cluster):
