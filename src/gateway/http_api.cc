@@ -62,6 +62,10 @@ Json ResourcesJson(const sched::Resources& r) {
               {"vram_mb", r.vram_mb}};
 }
 
+// A kernel clients see: running, or restarting (jupyter server forgets a kernel missing from the
+// list as one the gateway culled).
+bool Listed(const KernelRecord& k) { return k.session || k.restarting; }
+
 Json KernelModel(const KernelRecord& k) {
   Json m{{"id", k.meta.kernel_id},
          {"name", k.meta.kernelspec},
@@ -214,15 +218,13 @@ void HttpApi::InstallKernelRoutes(http::Server* http) {
   http->Route("GET", "/api/kernels", [this](const http::Request& r) {
     Json list = Json::array();
     for (const KernelRecord& k : registry_->Kernels())
-      if ((k.session || k.restarting) && VisibleTo(r.identity, k)) list.push_back(KernelModel(k));
+      if (Listed(k) && VisibleTo(r.identity, k)) list.push_back(KernelModel(k));
     return JsonResponse(200, list);
   });
   http->Route("POST", "/api/kernels", [this](const http::Request& r) { return PostKernel(r); });
   http->Route("GET", "/api/kernels/{kernel_id}", [this](const http::Request& r) {
     auto k = VisibleKernel(r);
-    if (!k || !(k->session || k->restarting)) {
-      return Refuse(404, "no kernel " + r.params.at("kernel_id"));
-    }
+    if (!k || !Listed(*k)) return Refuse(404, "no kernel " + r.params.at("kernel_id"));
     return JsonResponse(200, KernelModel(*k));
   });
   http->Route("DELETE", "/api/kernels/{kernel_id}", [this](const http::Request& r) {

@@ -154,34 +154,16 @@ struct RaftNode::Impl {
     return members;
   }
 
-  // Called on the loop thread, or before it starts. Compares before it copies: most turns
-  // change neither the leader nor the configuration, and then nothing is allocated or locked.
+  // Called on the loop thread, or before it starts. Takes the lock only when something changed;
+  // the loop thread is the only writer, so it reads the view without it.
   void PublishView() {
     last_applied_view.store(raft_closing ? 0 : raft_last_applied(&raft), std::memory_order_release);
-    raft_id id = 0;
-    const char* address = nullptr;
-    if (!raft_closing) raft_leader(&raft, &id, &address);
-    const bool leader_same =
-        leader_view.id == id && leader_view.address == (address ? address : "");
-    if (leader_same && SameMembers()) return;
     Member leader = CurrentLeader();
     std::vector<Member> members = CurrentMembers();
+    if (leader == leader_view && members == members_view) return;
     std::lock_guard lock(view_mu);
     leader_view = std::move(leader);
     members_view = std::move(members);
-  }
-
-  // Reads members_view without view_mu: only the loop thread writes it.
-  bool SameMembers() const {
-    const unsigned n = raft_closing ? 0 : raft.configuration.n;
-    if (members_view.size() != n) return false;
-    for (unsigned i = 0; i < n; ++i) {
-      const struct raft_server& s = raft.configuration.servers[i];
-      const Member& m = members_view[i];
-      if (m.id != s.id || m.role != RoleOf(s.role) || m.address != (s.address ? s.address : ""))
-        return false;
-    }
-    return true;
   }
 
   static void OnTurnEnd(uv_check_t* handle) { static_cast<Impl*>(handle->data)->PublishView(); }

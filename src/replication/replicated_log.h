@@ -36,6 +36,7 @@ struct Member {
   ServerId id = 0;
   std::string address;  // "IPv4:port", also the member's identity in the configuration
   Role role = Role::kVoter;
+  bool operator==(const Member&) const = default;
 };
 
 class ReplicatedLog {
