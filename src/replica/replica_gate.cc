@@ -450,7 +450,12 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   entries.push_back(EncodeWithId(
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
-  if (!committed.ok()) return committed.status();
+  if (!committed.ok()) {
+    ReturnToReplicatedState(decision.exec_id);
+    return {committed.status().code(),
+            committed.status().message() +
+                "; this replica went back to the state of the last completed cell"};
+  }
   // ProposeAll returns once the leader applied the entries, so they are committed and the reply
   // may go out. This namespace already holds the effects; a follower learns of the commit only
   // with the leader's next message, and waiting for that would add a heartbeat to every reply.
@@ -461,6 +466,30 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   want_leadership_ = options_.lead_follows_executor && ++executed_in_a_row_ >= 2;
   ProcessEvents();
   return Status::Ok();
+}
+
+// Keeping effects the log may not hold would leave this replica ahead of the others for good,
+// since later deltas carry only the names their own cells changed. Going back happens as a
+// snapshot restore does: an event at this point of the log (no entry is applied while
+// machine_mu_ is held) replaces the namespace with the state the log holds, and clears
+// executed_here_. Should the entries commit after all (a proposal is at least once), their delta
+// arrives later and is applied like another executor's.
+void ReplicaGate::ReturnToReplicatedState(const std::string& exec_id) {
+  spdlog::warn(
+      "execution {}: its effects are not known to be replicated; going back to the "
+      "replicated state",
+      exec_id);
+  {
+    std::lock_guard lock(machine_mu_);
+    Enqueue({Event::Kind::kRestored,
+             "",
+             0,
+             machine_.checkpoint(),
+             {},
+             machine_.journal(),
+             machine_.journal_total()});
+  }
+  ProcessEvents();
 }
 
 void ReplicaGate::MaybeCheckpoint() {

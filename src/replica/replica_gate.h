@@ -136,6 +136,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Whether `id` is in the Raft configuration this member knows (any role).
   bool IsMember(ReplicaId id);
   void MaybeCheckpoint();
+  // After a cell whose effects could not be committed: makes this namespace the replicated
+  // state again (engine's thread).
+  void ReturnToReplicatedState(const std::string& exec_id);
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 

@@ -378,6 +378,34 @@ def test_executor_killed_mid_cell(group):
     group.assert_converged()
 
 
+def test_an_executor_whose_effects_cannot_be_committed_goes_back_to_the_replicated_state(group):
+    """The two standbys freeze (SIGSTOP) while a cell runs: it ends, but its effects cannot be
+    committed. The executor answers so and drops them, so that once the standbys are back all
+    three hold the state of the last completed cell, on which the next cells build."""
+    check_cell(group.execute("x = 1\nlog = ['a']", 1), 1)
+    exec_id, sent = group.send_execute("import time\ntime.sleep(1.5)\nx = 2\nlog.append('b')", 1)
+    time.sleep(0.5)
+    for rid in (2, 3):
+        group.replicas[rid].proc.send_signal(signal.SIGSTOP)
+    try:
+        reply, _ = group.collect({1: sent[1]})[1]
+    finally:
+        for rid in (2, 3):
+            group.replicas[rid].proc.send_signal(signal.SIGCONT)
+    assert reply["content"]["ename"] == "ReplicationError", reply["content"]
+    assert "went back to the state of the last completed cell" in reply["content"]["evalue"]
+    # The gateway's part: the standbys are told the cell will not finish.
+    for rid in (2, 3):
+        group.replicas[rid].request("nbos_cancel_request", {"exec_id": exec_id},
+                                    channel="control")
+    for rid, (r, _) in group.collect({2: sent[2], 3: sent[3]}).items():
+        assert r["content"]["ename"] == "ExecutorLost", (rid, r["content"])
+    group.assert_converged()
+    results = group.execute("log.append(x)\nprint(x, log)", 1)
+    assert stream_text(check_cell(results, 1)[1]) == "1 ['a', 1]\n"
+    group.assert_converged()
+
+
 def test_process_state_outside_the_namespace_follows_the_executor(group):
     code = ("import os, sys\n%cd /tmp\nos.environ['NBOS_REPLICATED'] = 'yes'\n"
             "os.environ.pop('NBOS_GONE', None)\nsys.path.append('/opt/nbos-test')")

@@ -900,6 +900,10 @@ class Engine:
             checkpoint = checkpoint[8 + length:]
         if checkpoint:
             self._report_unrebuilt(self.sync.restore(checkpoint))
+        else:
+            # No checkpoint yet: the state is the journal alone, replayed on an empty namespace
+            # (this one may hold names the log does not, e.g. of a cell that could not commit).
+            self.sync.reset()
         for kind, payload in records:
             if kind == "delta":
                 self.apply_delta(payload)

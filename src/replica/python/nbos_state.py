@@ -1897,6 +1897,14 @@ class StateSync:
             del values[n]
         return self._pack(KIND_SNAPSHOT, values, (), dumped, bad)
 
+    def reset(self):
+        """Back to the state before any delta: no visible names, an empty object table (what
+        restore() of an empty namespace's snapshot would give)."""
+        self._table = _Table()
+        for n in [n for n in self.ns if not self._hidden(n)]:
+            del self.ns[n]
+        self._reported.clear()
+
     def restore(self, data):
         """Rebuild the namespace and the object table from a snapshot(). Returns what apply()
         returns."""

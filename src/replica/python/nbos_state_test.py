@@ -824,6 +824,23 @@ def test_snapshot_restore_equals_incremental_and_keeps_tokens():
         assert torch.equal(a, b)
 
 
+def test_reset_then_the_deltas_again_gives_the_replicated_state():
+    """A replica whose namespace got ahead of the log (a cell that could not commit) resets and
+    replays the deltas: names the log never had are gone, identities are rebuilt."""
+    c = Cluster()
+    c.run("a = [1, 2]\nb = a\nn = 1")
+    c.run("n += 1\na.append(n)")
+    ahead = StateSync(c.ns, HIDDEN, c.store, oob_threshold=c.threshold, replica_id=1)
+    exec("import os\nn = 99\na.append(99)\nextra = {'x': 1}", c.ns)
+    ahead.reset()
+    assert [n for n in c.ns if not n.startswith("__")] == []
+    for delta in c.deltas:
+        ahead.apply(delta)
+    assert "extra" not in c.ns and "os" not in c.ns
+    assert c.ns["n"] == 2 and c.ns["a"] == [1, 2, 2] and c.ns["b"] is c.ns["a"]
+    c.assert_in_sync()
+
+
 # ------------------------------------------------------------------------------------------
 # Code run through magics / exec strings, and a real IPython shell
 
