@@ -485,6 +485,11 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
                             {"replied", now_us_}};
   if (!done.waits.empty()) nbos["waits"] = std::move(done.waits);
   abort_after_reply_ = StringField(reply->content, "status") == "error" && done.stop_on_error;
+  // The executor could not replicate the cell (nor, then, its end): the standbys would wait for
+  // it until their own timeout, each later request queued behind.
+  if (StringField(reply->content, "ename") == "ReplicationError") {
+    CancelEverywhere(done.exec_id, done.plan.target_replica, out);
+  }
 }
 
 // Like a kernel with stop_on_error: executions queued behind a failed cell are answered
@@ -743,10 +748,7 @@ void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
   InFlight cancelled = std::move(*in_flight_);
   in_flight_.reset();
   if (!cancelled.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{cancelled.plan});
-  cancelled_exec_ids_.push_back(cancelled.exec_id);
-  if (cancelled_exec_ids_.size() > 8) cancelled_exec_ids_.pop_front();
-  for (ReplicaId r : live_replicas())
-    if (r != cancelled.plan.target_replica) SendCancel(r, cancelled.exec_id, out);  // it knows
+  CancelEverywhere(cancelled.exec_id, cancelled.plan.target_replica, out);  // the target knows
   const bool busy_sent = merger_.Abandon(cancelled.msg_id);
   Message request;
   request.header = cancelled.header;
@@ -756,6 +758,13 @@ void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
   ++stats_.failed_without_quorum;
   AnswerWithError(to, Channel::kShell, request, "ReplicasUnavailable", why, out,
                   /*with_busy=*/!busy_sent);
+}
+
+void KernelRouter::CancelEverywhere(const std::string& exec_id, ReplicaId except, Effects* out) {
+  cancelled_exec_ids_.push_back(exec_id);
+  if (cancelled_exec_ids_.size() > 8) cancelled_exec_ids_.pop_front();
+  for (ReplicaId r : live_replicas())
+    if (r != except) SendCancel(r, exec_id, out);
 }
 
 std::string KernelRouter::SendCancel(ReplicaId to, const std::string& exec_id, Effects* out) {

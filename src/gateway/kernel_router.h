@@ -376,6 +376,8 @@ class KernelRouter {
   void AbandonInFlight(const std::string& why, Effects* out);
   // nbos_cancel_request for `exec_id` to `to`; returns its msg_id.
   std::string SendCancel(ReplicaId to, const std::string& exec_id, Effects* out);
+  // Cancels `exec_id` on every live replica but `except`, and on each that comes back later.
+  void CancelEverywhere(const std::string& exec_id, ReplicaId except, Effects* out);
   std::string NoQuorumMessage(size_t live) const;
   void Reject(ClientId client, const Rejection& rejection, const jupyter::Message* request,
               jupyter::Channel channel, Effects* out);
@@ -396,7 +398,8 @@ class KernelRouter {
   std::map<ReplicaId, bool> replicas_;  // linked replicas and whether each is live
   std::set<ReplicaId> unreachable_;     // linked replicas whose heartbeat goes unanswered
   // The cancel asked of the in-flight cell's executor when the majority went (msg_id), and the
-  // cells answered that way, whose cancel each replica coming back gets (the newest few).
+  // cells answered that way or left unreplicated by their executor, whose cancel each replica
+  // coming back gets (the newest few).
   std::string quorum_cancel_id_;
   std::deque<std::string> cancelled_exec_ids_;
   std::set<ClientId> clients_;

@@ -300,8 +300,9 @@ void ReplicaGate::Process(Event& e) {
           "restoring the namespace from a snapshot: checkpoint of {} bytes, {} journal "
           "records",
           e.payload.size(), records.size());
-      if (Status s = engine_->Restore(e.payload, records); !s.ok()) {
-        spdlog::error("restoring the namespace from a snapshot: {}", s.ToString());
+      last_restore_ = engine_->Restore(e.payload, records);
+      if (!last_restore_.ok()) {
+        spdlog::error("restoring the namespace from a snapshot: {}", last_restore_.ToString());
       }
       return;
     }
@@ -429,6 +430,9 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   // Delta, side effects and Done go out together: one round trip to the leader.
   std::vector<std::string> entries;
   auto delta = engine_->TakeDelta();
+  // A store that fails here would most likely fail a rebuild of the namespace too, which could
+  // leave it half rebuilt: this replica keeps the cell's effects instead (they are not in the
+  // log, so it is ahead of the others until it is replaced or restarted).
   if (!delta.ok()) return delta.status();
   if (!delta->empty()) {
     entries.push_back(EncodeWithId({KernelEntry::Type::kDelta, decision.exec_id,
@@ -450,12 +454,7 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   entries.push_back(EncodeWithId(
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
-  if (!committed.ok()) {
-    ReturnToReplicatedState(decision.exec_id);
-    return {committed.status().code(),
-            committed.status().message() +
-                "; this replica went back to the state of the last completed cell"};
-  }
+  if (!committed.ok()) return ReturnToReplicatedState(decision.exec_id, committed.status());
   // ProposeAll returns once the leader applied the entries, so they are committed and the reply
   // may go out. This namespace already holds the effects; a follower learns of the commit only
   // with the leader's next message, and waiting for that would add a heartbeat to every reply.
@@ -474,11 +473,11 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
 // machine_mu_ is held) replaces the namespace with the state the log holds, and clears
 // executed_here_. Should the entries commit after all (a proposal is at least once), their delta
 // arrives later and is applied like another executor's.
-void ReplicaGate::ReturnToReplicatedState(const std::string& exec_id) {
+Status ReplicaGate::ReturnToReplicatedState(const std::string& exec_id, const Status& why) {
   spdlog::warn(
-      "execution {}: its effects are not known to be replicated; going back to the "
+      "execution {}: its effects are not known to be replicated ({}); going back to the "
       "replicated state",
-      exec_id);
+      exec_id, why.message());
   {
     std::lock_guard lock(machine_mu_);
     Enqueue({Event::Kind::kRestored,
@@ -490,6 +489,14 @@ void ReplicaGate::ReturnToReplicatedState(const std::string& exec_id) {
              machine_.journal_total()});
   }
   ProcessEvents();
+  if (!last_restore_.ok()) {
+    return {why.code(), why.message() +
+                            "; going back to the state of the last completed cell "
+                            "failed too: " +
+                            last_restore_.message()};
+  }
+  return {why.code(),
+          why.message() + "; this replica went back to the state of the last completed cell"};
 }
 
 void ReplicaGate::MaybeCheckpoint() {

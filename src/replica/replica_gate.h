@@ -136,9 +136,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Whether `id` is in the Raft configuration this member knows (any role).
   bool IsMember(ReplicaId id);
   void MaybeCheckpoint();
-  // After a cell whose effects could not be committed: makes this namespace the replicated
-  // state again (engine's thread).
-  void ReturnToReplicatedState(const std::string& exec_id);
+  // After a cell whose effects could not be replicated (`why`): makes this namespace the
+  // replicated state again (engine's thread). Returns `why`, saying whether that worked.
+  Status ReturnToReplicatedState(const std::string& exec_id, const Status& why);
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 
@@ -190,6 +190,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   bool want_leadership_ = false;         // executed cells here; ask for Raft leadership
   uint64_t executed_in_a_row_ = 0;       // cells executed here since another replica executed
   std::string checkpoint_after_;         // executed here, Done not yet applied here
+  Status last_restore_;                  // of the last kRestored event
 };
 
 }  // namespace nbos::replica
