@@ -222,6 +222,44 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, froz
     ks.close()
 
 
+def test_standbys_frozen_mid_cell_leave_the_kernel_at_its_last_completed_cell(cluster):
+    """Both standbys' servers freeze (SIGSTOP) while a cell runs: the cell ends on the executor,
+    but its effects cannot be committed. The client is told so, the executor drops the effects,
+    and once the servers are back every replica holds the state of the last completed cell."""
+    c = cluster
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 41")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    executor = reply["metadata"]["nbos"]["executor"]
+    kernel, _ = kernel_view(c, kid)
+    host = {r["replica_id"]: int(r["server_id"].split("-")[1]) for r in kernel["replicas"]}
+    standby_hosts = sorted(h for rid, h in host.items() if rid != executor)
+    msg_id = ks.send("execute_request", {
+        "code": "import time\ntime.sleep(2)\nx = 42", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    time.sleep(0.7)
+    try:
+        for i in standby_hosts:
+            c.signal_host(i, signal.SIGSTOP)
+        reply, _ = ks.wait_for(msg_id)
+    finally:
+        for i in standby_hosts:
+            c.signal_host(i, signal.SIGCONT)
+    assert reply["content"]["ename"] == "ReplicationError", reply["content"]
+    assert "went back to the state of the last completed cell" in reply["content"]["evalue"]
+    replicas = wait_whole(c, kid, set(), set())
+    values = set()
+    for rid in sorted(replicas):
+        reply, iopub = ks.execute("print(x, end='')", metadata={"nbos": {"target_replica": rid}})
+        assert reply["content"]["status"] == "ok", (rid, reply["content"])
+        values.add("".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream"))
+    assert values == {"41"}, values
+    ks.close()
+
+
 def wait_migration_done(c, kid, seen):
     """Polls until the kernel has no migration running; collects what the view showed."""
     deadline = time.time() + 90
