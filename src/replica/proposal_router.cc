@@ -298,6 +298,13 @@ struct ProposalRouter::Impl {
     }
     if (id == node->id()) {
       const replication::ServerId to = other_voters.front();
+      // The successor must hold this leader's whole log (see RaftNode::HasAllEntries).
+      while (!node->HasAllEntries(to)) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          return Unavailable("replica " + std::to_string(to) + " did not catch up in time");
+        }
+        std::this_thread::sleep_for(2ms);
+      }
       Status moved = Await(
           [&](replication::ReplicatedLog::Done done) {
             node->TransferLeadership(to, std::move(done));

@@ -542,6 +542,24 @@ uint64_t RaftNode::LastApplied() {
   return p->last_applied_view.load(std::memory_order_acquire);
 }
 
+bool RaftNode::HasAllEntries(ServerId id) {
+  Impl* p = impl_.get();
+  auto check = [p, id] {
+    if (p->raft_closing || raft_state(&p->raft) != RAFT_LEADER) return false;
+    const struct raft_configuration& conf = p->raft.configuration;
+    for (unsigned i = 0; i < conf.n; ++i) {
+      if (conf.servers[i].id != id) continue;
+      return p->raft.leader_state.progress[i].match_index >= raft_last_index(&p->raft);
+    }
+    return false;
+  };
+  if (std::this_thread::get_id() == p->loop_thread_id) return check();
+  auto promise = std::make_shared<std::promise<bool>>();
+  auto future = promise->get_future();
+  if (!p->Post([check, promise] { promise->set_value(check()); })) return false;
+  return future.get();
+}
+
 std::vector<Member> RaftNode::Members() {
   Impl* p = impl_.get();
   if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentMembers();

@@ -76,6 +76,11 @@ class RaftNode final : public ReplicatedLog {
   // The configuration as this member knows it: the latest one it appended, committed or not
   // (C-Raft's view). Empty for a member that has not joined yet or is closed.
   std::vector<Member> Members();
+  // Whether this member leads and member `id` holds every entry of its log (C-Raft's match index
+  // for it). Waits for the loop. C-Raft 0.15 may hand leadership to a member that lacks the
+  // leader's last entries (a promotion just committed), and the new leader then decides on an
+  // older configuration; a leader waits for this before it hands leadership over.
+  bool HasAllEntries(ServerId id);
 
  private:
   struct Impl;

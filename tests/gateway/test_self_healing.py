@@ -155,6 +155,30 @@ def _replica_dir(pid):
         return ""
 
 
+def kernel_with_x(c):
+    """A new kernel that ran `x = 41`: (kernel id, its socket, the executor, host by replica)."""
+    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
+    assert status == 201, model
+    kid = model["id"]
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 41")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    kernel, _ = kernel_view(c, kid)
+    host = {r["replica_id"]: int(r["server_id"].split("-")[1]) for r in kernel["replicas"]}
+    return kid, ks, reply["metadata"]["nbos"]["executor"], host
+
+
+def x_on_every_replica(c, ks, kid):
+    """Once the kernel is whole again: the values of x its replicas print, as a set."""
+    wait_whole(c, kid, set(), set())
+    values = set()
+    for rid in sorted(r["replica_id"] for r in kernel_view(c, kid)[0]["replicas"]):
+        reply, iopub = ks.execute("print(x, end='')", metadata={"nbos": {"target_replica": rid}})
+        assert reply["content"]["status"] == "ok", (rid, reply["content"])
+        values.add("".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream"))
+    return values
+
+
 @pytest.mark.parametrize("frozen", ["standbys", "executor"])
 def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, frozen):
     """Two of three servers stop answering (SIGSTOP) just before a cell is sent. The gateway's
@@ -163,15 +187,7 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, froz
     answered as not run; with the executor frozen, the answer says whether it ran is not known.
     Later cells are refused at once. Once the servers are back every replica holds the same x."""
     c = cluster
-    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
-    assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute("x = 41")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    executor = reply["metadata"]["nbos"]["executor"]
-    kernel, _ = kernel_view(c, kid)
-    host = {r["replica_id"]: int(r["server_id"].split("-")[1]) for r in kernel["replicas"]}
+    kid, ks, executor, host = kernel_with_x(c)
     others = sorted(h for rid, h in host.items() if rid != executor)
     frozen_hosts = others if frozen == "standbys" else [host[executor], others[0]]
     try:
@@ -207,13 +223,7 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, froz
     finally:
         for i in frozen_hosts:
             c.signal_host(i, signal.SIGCONT)
-    seen = set()
-    wait_whole(c, kid, set(), seen)
-    values = set()
-    for rid in sorted(r["replica_id"] for r in kernel_view(c, kid)[0]["replicas"]):
-        reply, iopub = ks.execute("print(x, end='')", metadata={"nbos": {"target_replica": rid}})
-        assert reply["content"]["status"] == "ok", (rid, reply["content"])
-        values.add("".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream"))
+    values = x_on_every_replica(c, ks, kid)
     # A cell answered as not run did not run anywhere; one whose fate was not known ran on every
     # replica or on none.
     assert values == {"41"} if frozen == "standbys" else values in ({"41"}, {"42"}), values
@@ -227,15 +237,7 @@ def test_standbys_frozen_mid_cell_leave_the_kernel_at_its_last_completed_cell(cl
     but its effects cannot be committed. The client is told so, the executor drops the effects,
     and once the servers are back every replica holds the state of the last completed cell."""
     c = cluster
-    status, model = rest_call(c.url, c.token, "POST", "/api/kernels", {"name": "nbos"})
-    assert status == 201, model
-    kid = model["id"]
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute("x = 41")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    executor = reply["metadata"]["nbos"]["executor"]
-    kernel, _ = kernel_view(c, kid)
-    host = {r["replica_id"]: int(r["server_id"].split("-")[1]) for r in kernel["replicas"]}
+    kid, ks, executor, host = kernel_with_x(c)
     standby_hosts = sorted(h for rid, h in host.items() if rid != executor)
     msg_id = ks.send("execute_request", {
         "code": "import time\ntime.sleep(2)\nx = 42", "silent": False, "store_history": True,
@@ -250,13 +252,7 @@ def test_standbys_frozen_mid_cell_leave_the_kernel_at_its_last_completed_cell(cl
             c.signal_host(i, signal.SIGCONT)
     assert reply["content"]["ename"] == "ReplicationError", reply["content"]
     assert "went back to the state of the last completed cell" in reply["content"]["evalue"]
-    replicas = wait_whole(c, kid, set(), set())
-    values = set()
-    for rid in sorted(replicas):
-        reply, iopub = ks.execute("print(x, end='')", metadata={"nbos": {"target_replica": rid}})
-        assert reply["content"]["status"] == "ok", (rid, reply["content"])
-        values.add("".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream"))
-    assert values == {"41"}, values
+    assert x_on_every_replica(c, ks, kid) == {"41"}
     ks.close()
 
 
