@@ -18,7 +18,8 @@ constexpr size_t kRemembered = 4096;
 
 // Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
 // (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
-// with "blobs": [[token, key], ...] and "oob": [key, ...]. Anything else yields no keys.
+// with "payload": key (a large pickle payload kept in the store), "blobs": [[token, key], ...]
+// and "oob": [key, ...]. Anything else yields no keys.
 std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
   std::vector<std::string> keys;
   if (delta.size() < 10 || delta.substr(0, 4) != "NBSD" || delta[4] != 1) return keys;
@@ -27,6 +28,7 @@ std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
   if (len > delta.size() - 10) return keys;
   Json header = Json::parse(delta.substr(10, len), nullptr, false);
   if (!header.is_object()) return keys;
+  if (auto p = header.find("payload"); p != header.end() && p->is_string()) keys.push_back(*p);
   for (const auto& b : header.value("blobs", Json::array())) {
     if (b.is_array() && b.size() == 2 && b[1].is_string()) keys.push_back(b[1]);
   }

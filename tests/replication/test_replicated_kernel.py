@@ -472,18 +472,26 @@ def run_lone_replica(*args):
         capture_output=True, text=True, timeout=TIMEOUT)
 
 
-def test_redis_blob_store_and_a_missing_store():
-    port = free_port_pair()
+def start_redis(port):
+    """redis-server on 127.0.0.1:port, without persistence, once it accepts connections."""
     redis = subprocess.Popen(["/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
                               "--save", "", "--appendonly", "no"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return redis
+        time.sleep(0.05)
+    redis.kill()
+    redis.wait()
+    raise RuntimeError(f"redis-server did not listen on port {port}")
+
+
+def test_redis_blob_store_and_a_missing_store():
+    port = free_port_pair()
+    redis = start_redis(port)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
         group = Group(store_url=f"redis://127.0.0.1:{port}/0")
         try:
             check_cell(group.execute("import numpy as np\nw = np.arange(1 << 20, dtype='f8')", 1),
@@ -501,6 +509,43 @@ def test_redis_blob_store_and_a_missing_store():
     result = run_lone_replica("--blob-store", f"redis://127.0.0.1:{dead}/0")
     assert result.returncode != 0
     assert f"127.0.0.1:{dead}" in result.stderr, result.stderr
+
+
+def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store():
+    """A pickle of tens of MB (a long list) goes to the store by key, not into one Raft entry
+    (libraft crashed the executor on one of about 37 MB). With the store gone, a cell's arrays
+    and pickles go through the replication log up to 16 MB, so no name is lost; past that every
+    name the cell changed is reported, and once the store is back cells replicate as before."""
+    port = free_port_pair()
+    redis = start_redis(port)
+    group = Group(store_url=f"redis://127.0.0.1:{port}/0")
+    try:
+        check_cell(group.execute("import numpy as np\nbig = list(range(8_000_000))", 1), 1)
+        # Each standby runs a cell on its copy (digests of the whole list would take seconds).
+        for rid in (2, 3):
+            _, outputs = check_cell(group.execute("print(len(big), big[-1])", rid), rid)
+            assert stream_text(outputs) == "8000000 7999999\n"
+        check_cell(group.execute("del big", 1), 1)
+        redis.kill()
+        redis.wait()
+        _, outputs = check_cell(group.execute(
+            "a = np.arange(1 << 18, dtype='f8')\nwords = [str(i) for i in range(500_000)]\n"
+            "n = 1", 2), 2)
+        assert "went through the replication log instead" in stream_text(outputs)
+        digests = group.assert_converged()
+        assert {"a", "words", "n"} <= set(digests)
+        _, outputs = check_cell(group.execute("huge = np.ones(3 << 20)\nn = 2", 2), 2)
+        text = stream_text(outputs)
+        assert "cannot replicate 'huge'" in text and "cannot replicate 'n'" in text, text
+        assert "over the 16.0 MB the replication log takes instead" in text, text
+        redis = start_redis(port)
+        check_cell(group.execute("del huge\nn = 3\nb = np.ones(1 << 18)", 3), 3)
+        assert "b" in group.assert_converged()
+        assert "blob store failed" in group.replicas[2].stderr()
+    finally:
+        group.close()
+        redis.kill()
+        redis.wait()
 
 
 def test_a_checkpoint_starts_a_new_group_with_the_namespace():

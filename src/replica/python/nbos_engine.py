@@ -799,6 +799,10 @@ class Engine:
         delta, not_replicated = self.sync.end(token)
         for problem in not_replicated:
             print(problem.message(), file=sys.stderr)
+        if self.sync.store_fallback is not None:
+            message = self.sync.store_fallback.message()
+            print(message, file=sys.stderr)
+            _nbos.log_warning(message)
         self._delta = delta
         self._side_effects = self._process_changes()
         _merge_side_effects(self._process_state, self._side_effects)

@@ -129,10 +129,17 @@ Delta / snapshot format (little endian)
                   "blobs": [[token or null, key], ...]      (tracked buffers in the store),
                   "oob": [key, ...]                         (pickle-5 out-of-band buffers,
                                                              in buffer order),
-                  "origin": replica id or null}
+                  "origin": replica id or null,
+                  "payload": key                            (only when the payload is in the
+                                                             store: over payload_threshold)}
     offset 10+H        payload: the protocol-5 pickles of the values of "set", concatenated,
                        written by one pickler (later ones refer to objects of earlier ones
-                       through the shared memo: load them in order with one unpickler)
+                       through the shared memo: load them in order with one unpickler); empty
+                       when "payload" names its blob
+
+A store that fails while end() or snapshot() writes: what it would have held goes inline (the
+payload, arrays, tensors, bytes, buffers), up to fallback_limit_bytes; StateSync.store_fallback
+then says how much. Past the limit end() reports every changed name and snapshot() raises.
 """
 
 import ast
@@ -308,6 +315,41 @@ class Unreplicable(namedtuple("_Unreplicable", "name reason")):
 
     def message(self):
         return f"nbos: cannot replicate {self.name!r} ({self.type_name}): {self.reason}"
+
+
+class StoreFallback:
+    """The blob store failed during one end() or snapshot(): what would have gone there went into
+    the delta itself (through the replication log), up to `limit_bytes`. .message() says so."""
+
+    def __init__(self, limit_bytes):
+        self.limit_bytes = limit_bytes
+        self.error = None        # the store's first failure in this call (no put is tried after)
+        self.inline_bytes = 0    # bytes inlined instead, in the payload being written
+        self.exceeded = False    # some data was left out: it was over the limit
+
+    def take(self, nbytes):
+        """Counts nbytes more inlined, or raises _OverFallbackLimit once over the limit."""
+        if self.inline_bytes + nbytes > self.limit_bytes:
+            self.exceeded = True
+            raise _OverFallbackLimit(
+                f"the blob store failed ({self.error}) and this cell's data is over the"
+                f" {_amount(self.limit_bytes)} the replication log takes instead")
+        self.inline_bytes += nbytes
+
+    def message(self):
+        return (f"nbos: the blob store failed ({self.error}); {_amount(self.inline_bytes)} of"
+                " this cell's data went through the replication log instead")
+
+
+class _OverFallbackLimit(RuntimeError):
+    pass
+
+
+_EMPTY_DUMP = (b"", [], [], [], [])
+
+
+def _amount(nbytes):
+    return f"{nbytes / 2**20:.1f} MB" if nbytes >= 2**20 else f"{nbytes / 1024:.0f} KB"
 
 
 class _Unpicklable(pickle.PicklingError):
@@ -1046,6 +1088,7 @@ class _DeltaPickler(_BasePickler):
         self._emitted_tokens = set()
         self._fresh = set()            # ids of anchored objects pickled as new objects
         self._bytes_keys = {}          # id(bytes) -> (bytes, key): stored once per pickler
+        self._inlined = set()          # ids of bytes that hold what the store did not take
         self.blobs = []                # [token or None, key]
         self.oob = []
         np = _np()
@@ -1067,7 +1110,23 @@ class _DeltaPickler(_BasePickler):
     # -- out-of-band buffers and big bytes --
 
     def _put(self, data):
-        return self._store.put(data)
+        """The blob's key, or None once the store has failed in this end() or snapshot(): the
+        caller then pickles the bytes inline (StoreFallback, which raises past its limit)."""
+        fallback = self._sync._fallback
+        if fallback.error is None:
+            try:
+                return self._store.put(data)
+            except Exception as e:
+                fallback.error = f"{type(e).__name__}: {e}"
+        fallback.take(memoryview(data).nbytes)
+        return None
+
+    def _inline(self, array):
+        # The pid that carries these bytes is pickled next (the memo keeps it, so the id stays
+        # valid); persistent_id must not send them to the store again.
+        data = array.tobytes()
+        self._inlined.add(id(data))
+        return data
 
     def _buffer(self, buf):
         try:
@@ -1076,7 +1135,13 @@ class _DeltaPickler(_BasePickler):
             return True
         if raw.nbytes <= self._threshold:
             return True
-        self.oob.append(None if self._dry else self._put(raw))
+        if self._dry:
+            self.oob.append(None)
+            return False
+        key = self._put(raw)
+        if key is None:
+            return True
+        self.oob.append(key)
         return False
 
     # -- persistent ids --
@@ -1086,7 +1151,7 @@ class _DeltaPickler(_BasePickler):
         if t in _ATOMIC:
             return None
         if t is bytes:
-            if len(obj) > self._threshold:
+            if len(obj) > self._threshold and id(obj) not in self._inlined:
                 return self._bytes_pid(obj, "bytes")
             return None
         if obj is self._ns:
@@ -1122,6 +1187,8 @@ class _DeltaPickler(_BasePickler):
         if hit is not None and hit[0] is obj and kind == "bytes":
             return ("x", hit[1], kind)
         key = None if self._dry else self._put(memoryview(obj))
+        if key is None and not self._dry:
+            return None  # inline
         self.blobs.append([None, key])
         if kind == "bytes":
             self._bytes_keys[id(obj)] = (obj, key)
@@ -1194,7 +1261,10 @@ class _DeltaPickler(_BasePickler):
                 key = e.key
             else:
                 key = self._put(memoryview(_array_bytes(src)))
-                e.key, e.fp = key, digest
+                e.key, e.fp = key, (digest if key is not None else None)
+                if key is None:
+                    return ("a", tok, None, self._inline(_array_bytes(src)), a.dtype, a.shape,
+                            fortran)
         self.blobs.append([tok, key])
         return ("a", tok, key, None, a.dtype, a.shape, fortran)
 
@@ -1219,7 +1289,9 @@ class _DeltaPickler(_BasePickler):
                 key = e.key
             else:
                 key = self._put(memoryview(_tensor_bytes(t)))
-                e.key, e.fp = key, fp
+                e.key, e.fp = key, (fp if key is not None else None)
+                if key is None:
+                    return ("t", tok, None, self._inline(_tensor_bytes(t)), meta, grad)
         self.blobs.append([tok, key])
         return ("t", tok, key, None, meta, grad)
 
@@ -1537,12 +1609,20 @@ class _Changed:
 class StateSync:
     """Computes, serializes and applies namespace deltas for one replica (see module doc)."""
 
-    def __init__(self, namespace, hidden, store, oob_threshold=64 * 1024, replica_id=None):
+    def __init__(self, namespace, hidden, store, oob_threshold=64 * 1024, replica_id=None,
+                 payload_threshold=4 << 20, fallback_limit_bytes=16 << 20):
         self.ns = namespace
         self.hidden = hidden if hidden is not None else frozenset()
         self.store = store
         self.oob_threshold = int(oob_threshold)
         self.replica_id = replica_id
+        # A pickle payload over payload_threshold goes to the store, the delta keeps its key.
+        self.payload_threshold = int(payload_threshold)
+        # With the store failing, at most this much goes through the replication log instead.
+        self.fallback_limit_bytes = int(fallback_limit_bytes)
+        # A StoreFallback when the last end() or snapshot() inlined data the store did not take.
+        self.store_fallback = None
+        self._fallback = None
         self._table = _Table()
         self._digests = None      # id(array) -> (array, digest) while end() runs
         self._reported = {}       # name -> id of the value last reported as unreplicable
@@ -1672,6 +1752,8 @@ class StateSync:
         """One pickle stream per name, all from one pickler (one memo: shared objects stay
         shared). Returns (payload, blobs, oob, offsets, oob_index)."""
         out = _NullWriter() if dry else io.BytesIO()
+        if not dry:
+            self._fallback.inline_bytes = 0  # counts this payload's
         p = _DeltaPickler(self, out, anchors, quiet, set(values), dry)
         offsets, oob_index = [], []
         for value in values.values():
@@ -1682,7 +1764,7 @@ class StateSync:
 
     def _serialize(self, values, anchors, quiet):
         """((payload, blobs, oob, offsets, oob_index), bad), bad = {name: (type, reason)}."""
-        empty = (b"", [], [], [], [])
+        empty = _EMPTY_DUMP
         if not values:
             return empty, {}
         try:
@@ -1706,6 +1788,8 @@ class StateSync:
 
     @staticmethod
     def _reason(value, exc):
+        if isinstance(exc, _OverFallbackLimit):
+            return str(exc)
         if isinstance(exc, _Unpicklable):
             if exc.type_name == type(value).__name__:
                 return exc.reason
@@ -1729,7 +1813,34 @@ class StateSync:
             "oob": oob,
             "origin": self.replica_id,
         }
+        if len(payload) > self.payload_threshold:
+            # Raft entries stay small: libraft 0.15 crashed on a batch of about 37 MB.
+            key = self._put_payload(payload)
+            if key is not None:
+                header["payload"] = key
+                payload = b""
         return _pack(kind, header, payload)
+
+    def _put_payload(self, payload):
+        """The payload's blob key; None when the store failed and it fits the fallback's limit
+        (it then goes inline); _OverFallbackLimit when it does not."""
+        fallback = self._fallback
+        if fallback.error is None:
+            try:
+                return self.store.put(payload)
+            except Exception as e:
+                fallback.error = f"{type(e).__name__}: {e}"
+        fallback.inline_bytes = 0  # the payload holds whatever was inlined into it
+        fallback.take(len(payload))
+        return None
+
+    def _stored_payload(self, header, payload):
+        key = header.get("payload")
+        if key is None:
+            return payload
+        if len(payload):
+            raise DeltaFormatError("corrupt nbos state: a stored payload and an inline one")
+        return memoryview(self._get(key)).cast("B")
 
     def _prefetch(self, header):
         """Fetches the blobs this replica lacks (raises before anything is changed)."""
@@ -1820,10 +1931,48 @@ class StateSync:
 
     def end(self, cell):
         """Call after the cell ran. Returns (delta bytes, [Unreplicable(name, reason), ...])."""
-        ns, before = self.ns, cell.ids
+        after, changed, deleted, anchors = self._rebound(cell)
+        fallback = StoreFallback(self.fallback_limit_bytes)
+        self._digests, self._fallback = {}, fallback
+        try:
+            quiet = set()
+            for n, fp in cell.fps.items():
+                if n in after and n not in changed:
+                    if self._fingerprint(self.ns[n]) == fp:
+                        quiet.add(n)
+                    else:
+                        changed.add(n)
+            values = {n: self.ns[n] for n in sorted(changed, key=self._order_key)}
+            dumped, bad = self._serialize(values, anchors, quiet)
+            for n in bad:
+                del values[n]
+            delta = b""
+            if values or deleted or bad:
+                try:
+                    delta = self._pack(KIND_DELTA, values, deleted, dumped, bad)
+                except _OverFallbackLimit as e:
+                    bad.update((n, (type(v).__name__, str(e))) for n, v in values.items())
+                    values = {}
+                    delta = self._pack(KIND_DELTA, values, deleted, _EMPTY_DUMP, bad)
+        finally:
+            self._digests = self._fallback = None
+        self.store_fallback = fallback if fallback.inline_bytes and values else None
+        problems = []
+        for n, (type_name, reason) in bad.items():
+            if self._reported.get(n) != id(self.ns[n]):
+                self._reported[n] = id(self.ns[n])
+                problems.append(Unreplicable(n, reason, type_name))
+        for n in itertools.chain(values, deleted):
+            self._reported.pop(n, None)
+        return delta, problems
+
+    def _rebound(self, cell):
+        """(name -> id of every visible name now, names whose binding the cell changed or that
+        it binds, names it deleted, id -> name of the objects still bound where they were)."""
+        before = cell.ids
         after, anchors, changed = {}, {}, set()
         hidden = self._hidden
-        for n, v in ns.items():
+        for n, v in self.ns.items():
             if hidden(n):
                 continue
             i = id(v)
@@ -1836,31 +1985,7 @@ class StateSync:
         for n in cell.names.bound:
             if n in after and n not in cell.fps:
                 changed.add(n)
-        quiet = set()
-        self._digests = {}
-        try:
-            for n, fp in cell.fps.items():
-                if n in after and n not in changed:
-                    if self._fingerprint(ns[n]) == fp:
-                        quiet.add(n)
-                    else:
-                        changed.add(n)
-            values = {n: ns[n] for n in sorted(changed, key=self._order_key)}
-            dumped, bad = self._serialize(values, anchors, quiet)
-        finally:
-            self._digests = None
-        for n in bad:
-            del values[n]
-        problems = []
-        for n, (type_name, reason) in bad.items():
-            if self._reported.get(n) != id(ns[n]):
-                self._reported[n] = id(ns[n])
-                problems.append(Unreplicable(n, reason, type_name))
-        for n in itertools.chain(values, deleted):
-            self._reported.pop(n, None)
-        if not values and not deleted and not bad:
-            return b"", problems
-        return self._pack(KIND_DELTA, values, deleted, dumped, bad), problems
+        return after, changed, deleted, anchors
 
     def apply(self, delta):
         """Apply a delta produced by another replica's end() to this namespace.
@@ -1873,6 +1998,7 @@ class StateSync:
         header, payload = _unpack(delta)
         if header["kind"] != "delta":
             raise DeltaFormatError("apply() got a snapshot; use restore()")
+        payload = self._stored_payload(header, payload)
         fetched, buffers = self._prefetch(header)
         for n in header.get("del", ()):
             self.ns.pop(n, None)
@@ -1881,21 +2007,27 @@ class StateSync:
     def blob_keys(self, data):
         """Distinct blob keys a delta or snapshot refers to, in first-use order."""
         header, _ = _unpack(data)
-        keys = [k for _, k in header.get("blobs", ())] + list(header.get("oob", ()))
+        keys = [header.get("payload")] + [k for _, k in header.get("blobs", ())] + \
+            list(header.get("oob", ()))
         return list(dict.fromkeys(k for k in keys if k is not None))
 
     def snapshot(self):
         """The whole user namespace (without hidden names) and its object tokens, as bytes."""
         values = {n: self.ns[n] for n in sorted(
             (n for n in self.ns if not self._hidden(n)), key=self._order_key)}
-        self._digests = {}
+        fallback = StoreFallback(self.fallback_limit_bytes)
+        self._digests, self._fallback = {}, fallback
         try:
             dumped, bad = self._serialize(values, {}, set())
+            if fallback.exceeded:  # a snapshot that leaves names out must not replace the state
+                raise _OverFallbackLimit(next(iter(bad.values()))[1])
+            for n in bad:
+                del values[n]
+            data = self._pack(KIND_SNAPSHOT, values, (), dumped, bad)
         finally:
-            self._digests = None
-        for n in bad:
-            del values[n]
-        return self._pack(KIND_SNAPSHOT, values, (), dumped, bad)
+            self._digests = self._fallback = None
+        self.store_fallback = fallback if fallback.inline_bytes and values else None
+        return data
 
     def reset(self):
         """Back to the state before any delta: no visible names, an empty object table (what
@@ -1913,6 +2045,7 @@ class StateSync:
             raise DeltaFormatError("restore() got a delta; use apply()")
         old_table, self._table = self._table, _Table()
         try:
+            payload = self._stored_payload(header, payload)
             fetched, buffers = self._prefetch(header)
         except BaseException:
             self._table = old_table

@@ -993,3 +993,100 @@ def test_standby_in_a_separate_process(tmp_path):
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+class FailingStore(MemStore):
+    """A MemStore whose puts fail while `down` is set (a store that went away)."""
+
+    down = False
+
+    def put(self, data):
+        if self.down:
+            self.puts += 1
+            raise RuntimeError("UNAVAILABLE: cannot reach the store")
+        return super().put(data)
+
+
+def test_data_the_store_does_not_take_goes_in_the_delta():
+    # With the store down, arrays, tensors, big bytes and out-of-band buffers of the cell go
+    # inline: the standby rebuilds all of them without the store, and names that never needed it
+    # replicate too. One failed put per cell; the next cell tries the store again.
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    store = FailingStore()
+    c = Cluster(threshold=1024, store=store)
+    c.run("import numpy as np, torch, pickle\na = np.arange(10_000.0)\nn = 1")
+    store.down = True
+    puts, gets = store.puts, store.gets
+    d, problems = c.run("a += 1\nt = torch.ones(5_000)\nbig = b'x' * 5_000\nn = 2\n"
+                        "pb = pickle.PickleBuffer(bytearray(b'y' * 5_000))")
+    assert problems == [] and names_set(d) == ["a", "big", "n", "pb", "t"]
+    assert describe(d)["blobs"] == [] and describe(d)["oob"] == []
+    assert store.puts == puts + 1 and store.gets == gets
+    fallback = c.sync.store_fallback
+    assert fallback.inline_bytes == 80_000 + 20_000 + 5_000 + 5_000
+    assert "UNAVAILABLE: cannot reach the store" in fallback.message()
+    assert "; 107 KB of this cell's data went through the replication log" in fallback.message()
+    c.assert_in_sync(exclude=("pb",))
+    assert bytes(c.sb["pb"]) == b"y" * 5_000  # an in-band PickleBuffer loads as its bytes
+    # Back up: the same array content goes to the store again (the inline copy left no key).
+    store.down = False
+    d, _ = c.run("a += 0\nm = 3")
+    assert [k for _, k in describe(d)["blobs"]] != [None] and c.sync.store_fallback is None
+    assert c.sb["a"] is not None and float(c.sb["a"][0]) == 1.0
+    c.assert_in_sync(exclude=("pb",))
+
+
+def test_past_its_limit_the_fallback_reports_the_names():
+    # Over the limit, every name the cell changed is reported and becomes a placeholder on the
+    # standby (as the delta says), and no snapshot is taken: it would stand for the whole state.
+    pytest.importorskip("numpy")
+    store = FailingStore()
+    store.down = True
+    c = Cluster(threshold=1024, store=store)
+    c.sync.fallback_limit_bytes = 50_000
+    d, problems = c.run("import numpy as np\nsmall = np.zeros(1_000)\nhuge = np.zeros(10_000)")
+    assert sorted(p.name for p in problems) == ["huge", "np", "small"]
+    assert "over the 49 KB the replication log takes" in problems[0].reason
+    assert c.sync.store_fallback is None
+    assert type(c.sb["huge"]).__name__ == "NotReplicated"
+    with pytest.raises(RuntimeError, match="over the 49 KB"):
+        c.sync.snapshot()
+    # A payload over the limit (no single buffer is) is left out the same way.
+    c.sync.payload_threshold = 10_000
+    d, problems = c.run("words = ['w%d' % i for i in range(20_000)]\nn = 5")
+    assert sorted(p.name for p in problems) == ["n", "words"]
+    assert describe(d)["payload_bytes"] == 0 and "payload" not in describe(d)
+    assert type(c.sb["n"]).__name__ == "NotReplicated"
+
+
+def test_a_large_payload_goes_to_the_store():
+    # The pickles of values without buffers (long lists, dicts) go to the store once they are
+    # over payload_threshold; the delta carries the key, and blob_keys names it for prefetching.
+    store = FailingStore()
+    c = Cluster(store=store)
+    c.sync.payload_threshold = 10_000
+    d, _ = c.run("words = ['w%d' % i for i in range(20_000)]\nn = 1")
+    header = describe(d)
+    assert header["payload_bytes"] == 0 and len(d) < 2_000
+    assert c.sync.blob_keys(d) == [header["payload"]] and header["payload"] in store.blobs
+    c.assert_in_sync()
+    snap = c.sync.snapshot()
+    assert describe(snap)["payload_bytes"] == 0
+    ns = new_ns()
+    StateSync(ns, HIDDEN, store).restore(snap)
+    assert ns["words"] == c.ns["words"] and ns["n"] == 1
+    # With the store down it goes inline, within the fallback's limit.
+    store.down = True
+    d, problems = c.run("words.append('x')")
+    assert problems == [] and describe(d)["payload_bytes"] > 10_000 and "payload" not in describe(d)
+    assert "went through the replication log" in c.sync.store_fallback.message()
+    c.assert_in_sync()
+    # A standby that cannot fetch a stored payload fails before it changes anything.
+    store.down = False
+    d, _ = c.run("words.append('y')")
+    del store.blobs[describe(d)["payload"]]
+    ns = new_ns()
+    with pytest.raises(KeyError):
+        StateSync(ns, HIDDEN, store).apply(d)
+    assert "words" not in ns
