@@ -139,6 +139,10 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // After a cell whose effects could not be replicated (`why`): makes this namespace the
   // replicated state again (engine's thread). Returns `why`, saying whether that worked.
   Status ReturnToReplicatedState(const std::string& exec_id, const Status& why);
+  // A Done's "code" (the cell's source, for the other replicas' input history): over 1 MiB it
+  // goes to the blob store and the Done keeps its key, "code_key"; CodeFromStore puts it back.
+  void SetLoggedCode(std::string code, jupyter::Json* done_meta);
+  jupyter::Json CodeFromStore(const jupyter::Json& done_meta);
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 

@@ -513,7 +513,8 @@ def test_redis_blob_store_and_a_missing_store():
 
 def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store():
     """A pickle of tens of MB (a long list) goes to the store by key, not into one Raft entry
-    (libraft crashed the executor on one of about 37 MB). With the store gone, a cell's arrays
+    (libraft crashed the executor on one of about 37 MB), and so does a source over 1 MiB in the
+    history the other replicas keep. With the store gone, a cell's arrays
     and pickles go through the replication log up to 16 MB, so no name is lost; past that every
     name the cell changed is reported, and once the store is back cells replicate as before."""
     port = free_port_pair()
@@ -541,6 +542,17 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
         redis = start_redis(port)
         check_cell(group.execute("del huge\nn = 3\nb = np.ones(1 << 18)", 3), 3)
         assert "b" in group.assert_converged()
+        # A source over 1 MiB goes to the store too; the other replicas' history has it.
+        source = "n = 4  # " + "x" * (2 << 20)
+
+        def stored_blobs():
+            return int(subprocess.run(["redis-cli", "-p", str(port), "dbsize"], text=True,
+                                      capture_output=True, check=True).stdout)
+        before = stored_blobs()
+        check_cell(group.execute(source, 1), 1)
+        assert stored_blobs() == before + 1
+        _, outputs = check_cell(group.execute("print(len(In[-2]), n)", 2), 2)
+        assert stream_text(outputs) == f"{len(source)} 4\n"
         assert "blob store failed" in group.replicas[2].stderr()
     finally:
         group.close()
