@@ -47,6 +47,9 @@ TEST_F(ReplicaGateTest, AGateWhoseBackgroundStartFailedEndsTheProcessSayingWhy) 
   options_.blob_store_url = "ftp://nowhere";
   EXPECT_EXIT(
       {
+        // The child ran SetUp under its own pid and ends without TearDown; the start fails on
+        // the store URL before anything is written.
+        std::filesystem::remove_all(root_);
         spdlog::set_default_logger(spdlog::stderr_logger_st("gate-test"));
         std::unique_ptr<ExecutionGate> gate = ReplicaGate::StartInBackground(options_);
         gate->Pump();
