@@ -269,7 +269,11 @@ void ReplicaGate::Process(Event& e) {
       const auto start = std::chrono::steady_clock::now();
       Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
                                                : engine_->ApplySideEffects(e.payload);
-      if (!s.ok()) spdlog::error("execution {}: {}", e.exec_id, s.ToString());
+      if (!s.ok()) {
+        spdlog::error("execution {}: {}; this replica rebuilds its namespace before it runs a cell",
+                      e.exec_id, s.ToString());
+        if (behind_why_.empty()) behind_why_ = s.message();
+      }
       spdlog::debug(
           "execution {}: applied {} in {:.1f} ms", e.exec_id,
           e.kind == Event::Kind::kDelta ? "delta" : "side effects",
@@ -306,6 +310,7 @@ void ReplicaGate::Process(Event& e) {
           "records",
           e.payload.size(), records.size());
       last_restore_ = engine_->Restore(e.payload, records);
+      behind_why_ = last_restore_.message();
       if (!last_restore_.ok()) {
         spdlog::error("restoring the namespace from a snapshot: {}", last_restore_.ToString());
       }
@@ -409,23 +414,40 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   }
   bool decided =
       WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
-  std::lock_guard lock(mu_);
-  // A cancel wins even over a decided outcome: the gateway may already have told the client that
-  // the cell did not run. The standbys, waiting for this executor, are cancelled too.
-  if (cancelled_.count(d.exec_id) > 0) {
-    d.role = Role::kCancelled;
-    return d;
+  {
+    std::lock_guard lock(mu_);
+    // A cancel wins even over a decided outcome: the gateway may already have told the client
+    // that the cell did not run. The standbys, waiting for this executor, are cancelled too.
+    if (cancelled_.count(d.exec_id) > 0) {
+      d.role = Role::kCancelled;
+      return d;
+    }
+    if (!decided) return Unavailable("no election outcome for execution " + d.exec_id + " in time");
+    d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
+    d.role = d.executor == 0                     ? Role::kNobody
+             : d.executor == options_.replica_id ? Role::kExecute
+                                                 : Role::kStandby;
   }
-  if (!decided) return Unavailable("no election outcome for execution " + d.exec_id + " in time");
-  d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
-  d.role = d.executor == 0                     ? Role::kNobody
-           : d.executor == options_.replica_id ? Role::kExecute
-                                               : Role::kStandby;
   if (d.role == Role::kExecute) {
+    // The gateway cancels the standbys on this answer, as after a failed commit.
+    if (Status s = CatchUp(); !s.ok()) return s;
+    std::lock_guard lock(mu_);
     started_ = d.exec_id;
     if (announcer_) announcer_->Open(d.exec_id);
   }
   return d;
+}
+
+Status ReplicaGate::CatchUp() {
+  if (behind_why_.empty()) return Status::Ok();
+  spdlog::warn("this replica's namespace lacks effects it could not apply ({}); rebuilding it",
+               behind_why_);
+  RebuildFromLog();
+  if (behind_why_.empty()) return Status::Ok();
+  return Unavailable(
+      "this replica could not apply an earlier cell's effects and could not rebuild its "
+      "namespace (" +
+      behind_why_ + "), so the cell did not run; it runs once the namespace can be rebuilt");
 }
 
 Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& request,
@@ -483,6 +505,18 @@ Status ReplicaGate::ReturnToReplicatedState(const std::string& exec_id, const St
       "execution {}: its effects are not known to be replicated ({}); going back to the "
       "replicated state",
       exec_id, why.message());
+  RebuildFromLog();
+  if (!last_restore_.ok()) {
+    return {why.code(), why.message() +
+                            "; going back to the state of the last completed cell "
+                            "failed too: " +
+                            last_restore_.message()};
+  }
+  return {why.code(),
+          why.message() + "; this replica went back to the state of the last completed cell"};
+}
+
+void ReplicaGate::RebuildFromLog() {
   {
     std::lock_guard lock(machine_mu_);
     Enqueue({Event::Kind::kRestored,
@@ -494,14 +528,6 @@ Status ReplicaGate::ReturnToReplicatedState(const std::string& exec_id, const St
              machine_.journal_total()});
   }
   ProcessEvents();
-  if (!last_restore_.ok()) {
-    return {why.code(), why.message() +
-                            "; going back to the state of the last completed cell "
-                            "failed too: " +
-                            last_restore_.message()};
-  }
-  return {why.code(),
-          why.message() + "; this replica went back to the state of the last completed cell"};
 }
 
 void ReplicaGate::SetLoggedCode(std::string code, Json* done_meta) {

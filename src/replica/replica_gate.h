@@ -139,6 +139,13 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // After a cell whose effects could not be replicated (`why`): makes this namespace the
   // replicated state again (engine's thread). Returns `why`, saying whether that worked.
   Status ReturnToReplicatedState(const std::string& exec_id, const Status& why);
+  // Rebuilds the namespace from the checkpoint and journal the log holds, at this point of the
+  // log (engine's thread); last_restore_ says how it went.
+  void RebuildFromLog();
+  // Before this replica runs a cell: if it could not apply an entry (the blob store was
+  // unreachable, say), it rebuilds its namespace first. Unavailable, saying why, when it is still
+  // behind: a cell must not run on a namespace that lacks an earlier cell's effects.
+  Status CatchUp();
   // A Done's "code" (the cell's source, for the other replicas' input history): over 1 MiB it
   // goes to the blob store and the Done keeps its key, "code_key"; CodeFromStore puts it back.
   void SetLoggedCode(std::string code, jupyter::Json* done_meta);
@@ -195,6 +202,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   uint64_t executed_in_a_row_ = 0;       // cells executed here since another replica executed
   std::string checkpoint_after_;         // executed here, Done not yet applied here
   Status last_restore_;                  // of the last kRestored event
+  // Why the namespace lacks effects the log holds (an entry it could not apply, a failed
+  // rebuild); empty while it has them all.
+  std::string behind_why_;
 };
 
 }  // namespace nbos::replica

@@ -8,6 +8,7 @@ produces output, and what happens when replicas die.
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +48,7 @@ class Replica:
         write_kernel_connection_file(self.connection_file, group.key.encode())
         self.proc = None
         self.client = None
+        self.store_url = None  # the group's store unless set
         # A replica that joins an existing group (added by a membership request) starts with an
         # empty log and no --peer flags.
         self.join = False
@@ -69,7 +71,7 @@ class Replica:
             [nbos_bin(), "replica", "-f", self.connection_file, "--id", str(self.id),
              "--raft", self.group.addresses[self.id], "--data-dir",
              os.path.join(self.group.raft_root or self.dir, f"raft-{self.id}"),
-             "--blob-store", self.group.store_url,
+             "--blob-store", self.store_url or self.group.store_url,
              "--log-level", "info"] + self.group.extra_args +
             ([] if self.join else
              [f"--peer={i}={a}" for i, a in self.group.addresses.items()]),
@@ -558,6 +560,38 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
         group.close()
         redis.kill()
         redis.wait()
+
+
+def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
+    """Replica 3 reads a store without the executor's blobs, so it cannot apply the cell that
+    made `a`. Elected next, it does not run the cell on the namespace that lacks `a` but says
+    why; once the blobs are there, it rebuilds its namespace from the log and runs the cell."""
+    group = Group()
+    try:
+        lonely = os.path.join(group.dir, "replica-3-blobs")
+        os.makedirs(lonely)
+        group.replicas[3].kill()
+        group.replicas[3].store_url = "dir://" + lonely
+        group.replicas[3].start()
+        check_cell(group.execute("import numpy as np\na = np.arange(100_000.0)\nn = 1", 1), 1)
+        exec_id, sent = group.send_execute("n += 1\nprint(float(a.sum()), n)", 3)
+        reply, outputs = group.collect({3: sent[3]})[3]
+        assert reply["content"]["ename"] == "ReplicationError", reply["content"]
+        assert "could not apply an earlier cell's effects" in reply["content"]["evalue"]
+        assert "the cell did not run" in reply["content"]["evalue"]
+        assert stream_text(outputs) == ""
+        for rid in (1, 2):  # the gateway's part
+            group.replicas[rid].request("nbos_cancel_request", {"exec_id": exec_id},
+                                        channel="control")
+        for rid, (r, _) in group.collect({1: sent[1], 2: sent[2]}).items():
+            assert r["content"]["ename"] == "ExecutorLost", (rid, r["content"])
+        shutil.copytree(os.path.join(group.dir, "blobs"), lonely, dirs_exist_ok=True)
+        _, outputs = check_cell(group.execute("n += 1\nprint(float(a.sum()), n)", 3), 3)
+        assert stream_text(outputs) == "4999950000.0 2\n"
+        assert "rebuilding it" in group.replicas[3].stderr()
+        group.assert_converged()
+    finally:
+        group.close()
 
 
 def test_a_checkpoint_starts_a_new_group_with_the_namespace():
