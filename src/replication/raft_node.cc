@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <future>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 extern "C" {
@@ -154,13 +155,34 @@ struct RaftNode::Impl {
     return members;
   }
 
+  // Whether the published leader and members are C-Raft's current ones. It runs at the end of
+  // every loop turn, so it compares in place instead of building the values.
+  bool ViewIsCurrent() {
+    if (raft_closing) return leader_view == Member{} && members_view.empty();
+    raft_id id = 0;
+    const char* address = nullptr;
+    raft_leader(&raft, &id, &address);
+    if (id != leader_view.id || std::string_view(address ? address : "") != leader_view.address)
+      return false;
+    const struct raft_configuration& conf = raft.configuration;
+    if (conf.n != members_view.size()) return false;
+    for (unsigned i = 0; i < conf.n; ++i) {
+      const struct raft_server& s = conf.servers[i];
+      const Member& m = members_view[i];
+      if (s.id != m.id || RoleOf(s.role) != m.role ||
+          std::string_view(s.address ? s.address : "") != m.address)
+        return false;
+    }
+    return true;
+  }
+
   // Called on the loop thread, or before it starts. Takes the lock only when something changed;
   // the loop thread is the only writer, so it reads the view without it.
   void PublishView() {
     last_applied_view.store(raft_closing ? 0 : raft_last_applied(&raft), std::memory_order_release);
+    if (ViewIsCurrent()) return;
     Member leader = CurrentLeader();
     std::vector<Member> members = CurrentMembers();
-    if (leader == leader_view && members == members_view) return;
     std::lock_guard lock(view_mu);
     leader_view = std::move(leader);
     members_view = std::move(members);
