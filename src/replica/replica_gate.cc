@@ -15,9 +15,10 @@ using namespace std::chrono_literals;
 
 // Outcomes and completions remembered for late or repeated requests.
 constexpr size_t kRemembered = 4096;
-// Larger cell sources go to the blob store, not into the log: libraft 0.15 took 19 s to commit
-// a 40 MB Done and never committed a 60 MB one (the gateway takes messages up to 64 MB).
-constexpr size_t kLoggedCodeMaxBytes = 1u << 20;
+// A larger cell source or execute reply goes to the blob store, not into the log: libraft 0.15
+// took 19 s to commit a 40 MB Done and never committed a 60 MB one (the gateway takes messages up
+// to 64 MB).
+constexpr size_t kLoggedFieldMaxBytes = 1u << 20;
 
 // Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
 // (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
@@ -282,9 +283,10 @@ void ReplicaGate::Process(Event& e) {
       return;
     }
     case Event::Kind::kDone:
+      FieldsFromStore(&e.meta);  // the executor too: it answers repeated requests from done_
       if (executed_here_.count(e.exec_id) == 0) {
         executed_in_a_row_ = 0;
-        if (Status s = engine_->FinishStandby(CodeFromStore(e.meta)); !s.ok()) {
+        if (Status s = engine_->FinishStandby(e.meta); !s.ok()) {
           spdlog::error("execution {}: {}", e.exec_id, s.ToString());
         }
       }
@@ -474,10 +476,9 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   }
   Json reply = Json::parse(reply_content, nullptr, false);
   const bool silent = request.content.value("silent", false);
-  Json meta{{"reply", reply.is_discarded() ? Json::object() : reply},
-            {"execution_count", reply.is_object() ? reply.value("execution_count", 0) : 0},
+  Json meta{{"execution_count", reply.is_object() ? reply.value("execution_count", 0) : 0},
             {"store_history", request.content.value("store_history", !silent)}};
-  SetLoggedCode(request.content.value("code", ""), &meta);
+  SetLoggedFields(request.content.value("code", ""), reply_content, reply, &meta);
   entries.push_back(EncodeWithId(
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
@@ -530,31 +531,59 @@ void ReplicaGate::RebuildFromLog() {
   ProcessEvents();
 }
 
-void ReplicaGate::SetLoggedCode(std::string code, Json* done_meta) {
-  if (code.size() > kLoggedCodeMaxBytes) {
+void ReplicaGate::SetLoggedFields(std::string code, const std::string& reply_content,
+                                  const Json& reply, Json* done_meta) {
+  if (code.size() > kLoggedFieldMaxBytes) {
     auto key = store_->Put(code);
     if (key.ok()) {
       (*done_meta)["code_key"] = *key;
+    } else {
+      spdlog::warn("this cell's source ({} bytes) is not replicated: {}", code.size(),
+                   key.status().ToString());
+      code = fmt::format("# nbos: this cell's source ({} bytes) could not be replicated: {}",
+                         code.size(), key.status().ToString());
+    }
+  }
+  if (!done_meta->contains("code_key")) (*done_meta)["code"] = std::move(code);
+  const bool valid = reply.is_object();
+  if (valid && reply_content.size() > kLoggedFieldMaxBytes) {
+    auto key = store_->Put(reply_content);
+    if (key.ok()) {
+      (*done_meta)["reply_key"] = *key;
       return;
     }
-    spdlog::warn("the source of this cell ({} bytes) is not in the replicated history: {}",
-                 code.size(), key.status().ToString());
-    code = fmt::format("# nbos: this cell's source ({} bytes) could not be replicated: {}",
-                       code.size(), key.status().ToString());
+    // The other replicas' answers then carry the status and the execution count only.
+    spdlog::warn("this cell's reply ({} bytes) is not replicated: {}", reply_content.size(),
+                 key.status().ToString());
+    (*done_meta)["reply"] = Json{{"status", reply.value("status", "ok")},
+                                 {"execution_count", reply.value("execution_count", 0)},
+                                 {"user_expressions", Json::object()},
+                                 {"payload", Json::array()}};
+    return;
   }
-  (*done_meta)["code"] = std::move(code);
+  (*done_meta)["reply"] = valid ? reply : Json::object();
 }
 
-Json ReplicaGate::CodeFromStore(const Json& done_meta) {
-  auto key = done_meta.find("code_key");
-  if (key == done_meta.end() || !key->is_string()) return done_meta;
-  Json meta = done_meta;
-  auto code = store_->Get(key->get<std::string>());
-  meta["code"] = code.ok() ? std::move(*code)
-                           : "# nbos: this cell's source could not be fetched from the blob "
-                             "store: " +
-                                 code.status().ToString();
-  return meta;
+void ReplicaGate::FieldsFromStore(Json* done_meta) {
+  for (const std::string field : {"code", "reply"}) {
+    auto key = done_meta->find(field + "_key");
+    if (key == done_meta->end() || !key->is_string()) continue;
+    auto text = store_->Get(key->get<std::string>());
+    if (!text.ok()) {
+      spdlog::error("this cell's {} could not be fetched from the blob store: {}", field,
+                    text.status().ToString());
+      (*done_meta)[field] = field == "reply" ? Json::object()
+                                             : Json(
+                                                   "# nbos: this cell's source could not be "
+                                                   "fetched from the blob store: " +
+                                                   text.status().ToString());
+    } else if (field == "reply") {
+      Json reply = Json::parse(*text, nullptr, false);
+      (*done_meta)[field] = reply.is_object() ? std::move(reply) : Json::object();
+    } else {
+      (*done_meta)[field] = std::move(*text);
+    }
+  }
 }
 
 void ReplicaGate::MaybeCheckpoint() {

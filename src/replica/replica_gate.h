@@ -146,10 +146,13 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // unreachable, say), it rebuilds its namespace first. Unavailable, saying why, when it is still
   // behind: a cell must not run on a namespace that lacks an earlier cell's effects.
   Status CatchUp();
-  // A Done's "code" (the cell's source, for the other replicas' input history): over 1 MiB it
-  // goes to the blob store and the Done keeps its key, "code_key"; CodeFromStore puts it back.
-  void SetLoggedCode(std::string code, jupyter::Json* done_meta);
-  jupyter::Json CodeFromStore(const jupyter::Json& done_meta);
+  // A Done's "code" (the cell's source, for the other replicas' input history) and "reply" (the
+  // execute reply their answers repeat; its user_expressions can be any size): over 1 MiB each
+  // goes to the blob store and the Done keeps its key ("code_key", "reply_key").
+  // FieldsFromStore puts them back.
+  void SetLoggedFields(std::string code, const std::string& reply_content,
+                       const jupyter::Json& reply, jupyter::Json* done_meta);
+  void FieldsFromStore(jupyter::Json* done_meta);
   void Remember(std::map<std::string, jupyter::Json>* map, std::deque<std::string>* order,
                 const std::string& exec_id, jupyter::Json value);
 

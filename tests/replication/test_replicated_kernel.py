@@ -144,12 +144,13 @@ class Group:
     def live(self):
         return [r for r in self.replicas.values() if r.alive()]
 
-    def send_execute(self, code, target, replicas=None):
+    def send_execute(self, code, target, replicas=None, user_expressions=None):
         exec_id = uuid.uuid4().hex
         sent = {}
         for r in replicas or self.live():
             content = {"code": code, "silent": False, "store_history": True,
-                       "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+                       "user_expressions": user_expressions or {}, "allow_stdin": False,
+                       "stop_on_error": True}
             msg = r.client.session.msg("execute_request", content)
             msg["metadata"] = {"nbos": {"exec_id": exec_id, "target_replica": target}}
             r.client.shell_channel.send(msg)
@@ -555,6 +556,15 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
         assert stored_blobs() == before + 1
         _, outputs = check_cell(group.execute("print(len(In[-2]), n)", 2), 2)
         assert stream_text(outputs) == f"{len(source)} 4\n"
+        # So does a reply over 1 MiB; the standbys answer with all of it.
+        before = stored_blobs()
+        _, sent = group.send_execute("n = 5", 1, user_expressions={"big": "'y' * (2 << 20)"})
+        results = group.collect(sent)
+        check_cell(results, 1)
+        assert stored_blobs() == before + 1
+        for rid, (reply, _) in results.items():
+            big = reply["content"]["user_expressions"]["big"]["data"]["text/plain"]
+            assert len(big) == (2 << 20) + 2, rid
         assert "blob store failed" in group.replicas[2].stderr()
     finally:
         group.close()
