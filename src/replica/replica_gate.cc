@@ -261,27 +261,9 @@ void ReplicaGate::Process(Event& e) {
       since_checkpoint_ = journal_seen_ - std::min(journal_seen_, e.count);
       return;
     case Event::Kind::kDelta:
-    case Event::Kind::kSideEffect: {
-      // The executor's namespace already holds its own effects; every other replica (and the
-      // executor itself after a restart, which starts from an empty namespace) applies them.
-      ++journal_seen_;
-      ++since_checkpoint_;
-      if (executed_here_.count(e.exec_id) > 0) return;
-      const auto start = std::chrono::steady_clock::now();
-      Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
-                                               : engine_->ApplySideEffects(e.payload);
-      if (!s.ok()) {
-        spdlog::error("execution {}: {}; this replica rebuilds its namespace before it runs a cell",
-                      e.exec_id, s.ToString());
-        if (behind_why_.empty()) behind_why_ = s.message();
-      }
-      spdlog::debug(
-          "execution {}: applied {} in {:.1f} ms", e.exec_id,
-          e.kind == Event::Kind::kDelta ? "delta" : "side effects",
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
+    case Event::Kind::kSideEffect:
+      ApplyRecord(e);
       return;
-    }
     case Event::Kind::kDone:
       FieldsFromStore(&e.meta);  // the executor too: it answers repeated requests from done_
       if (executed_here_.count(e.exec_id) == 0) {
@@ -319,6 +301,26 @@ void ReplicaGate::Process(Event& e) {
       return;
     }
   }
+}
+
+void ReplicaGate::ApplyRecord(const Event& e) {
+  // The executor's namespace already holds its own effects; every other replica (and the
+  // executor itself after a restart, which starts from an empty namespace) applies them.
+  ++journal_seen_;
+  ++since_checkpoint_;
+  if (executed_here_.count(e.exec_id) > 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
+                                           : engine_->ApplySideEffects(e.payload);
+  if (!s.ok()) {
+    spdlog::error("execution {}: {}; this replica rebuilds its namespace before it runs a cell",
+                  e.exec_id, s.ToString());
+    if (behind_why_.empty()) behind_why_ = s.message();
+  }
+  spdlog::debug(
+      "execution {}: applied {} in {:.1f} ms", e.exec_id,
+      e.kind == Event::Kind::kDelta ? "delta" : "side effects",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
 }
 
 void ReplicaGate::DropUnusedHints(uint64_t dones) {

@@ -124,6 +124,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Engine's thread: applies queued events in log order.
   void ProcessEvents();
   void Process(Event& event);
+  void ApplyRecord(const Event& event);  // a kDelta or kSideEffect
   // Forgets the prefetched blobs of hints logged before the `dones`-th Done.
   void DropUnusedHints(uint64_t dones);
   // Processes events until `done()` holds, `exec_id` is cancelled, or the timeout passes;
