@@ -19,6 +19,10 @@ constexpr size_t kRemembered = 4096;
 // took 19 s to commit a 40 MB Done and never committed a 60 MB one (the gateway takes messages up
 // to 64 MB).
 constexpr size_t kLoggedFieldMaxBytes = 1u << 20;
+// A checkpoint also once the journal since the last one holds this much: the Raft snapshot (and
+// what a replica that catches up is sent) is the checkpoint plus that journal, and deltas of up
+// to 4 MiB each (nbos_state's payload_threshold) would otherwise make it hundreds of MB.
+constexpr size_t kCheckpointAfterJournalBytes = 16u << 20;
 
 // Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
 // (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
@@ -589,12 +593,22 @@ void ReplicaGate::FieldsFromStore(Json* done_meta) {
 }
 
 void ReplicaGate::MaybeCheckpoint() {
-  if (since_checkpoint_ < options_.checkpoint_every) return;
+  size_t journal_bytes = 0;
+  {
+    std::lock_guard lock(machine_mu_);
+    for (const JournalRecord& r : machine_.journal()) journal_bytes += r.payload.size();
+  }
+  if (since_checkpoint_ < options_.checkpoint_every &&
+      journal_bytes < kCheckpointAfterJournalBytes) {
+    return;
+  }
   auto data = engine_->Checkpoint();
   if (!data.ok()) {
     spdlog::warn("no checkpoint: {}", data.status().ToString());
     return;
   }
+  spdlog::info("proposing a checkpoint of {} bytes after {} journal records ({} bytes)",
+               data->size(), since_checkpoint_, journal_bytes);
   KernelEntry entry{KernelEntry::Type::kCheckpoint, "", options_.replica_id,
                     Json{{"covers", journal_seen_}}, std::move(*data)};
   // Best effort: a lost checkpoint only means catch-up replays more.

@@ -38,7 +38,8 @@ struct ReplicaOptions {
   // answers with an error (the executor may be gone; the gateway retries or cancels first).
   std::chrono::milliseconds follow_timeout{120000};
   // The executor proposes a checkpoint of the whole namespace once this many journal records
-  // (deltas, side effects) accumulated since the last one, so catch-up replays little.
+  // (deltas, side effects) accumulated since the last one, or 16 MiB of them, so catch-up
+  // replays little and the Raft snapshot stays small.
   uint64_t checkpoint_every = 64;
   // Memory for blobs fetched ahead of applying the deltas that need them.
   size_t prefetch_bytes = size_t{2} << 30;

@@ -8,6 +8,7 @@ produces output, and what happens when replicas die.
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -600,6 +601,25 @@ def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
         assert stream_text(outputs) == "4999950000.0 2\n"
         assert "rebuilding it" in group.replicas[3].stderr()
         group.assert_converged()
+    finally:
+        group.close()
+
+
+def test_a_journal_of_large_deltas_is_checkpointed_before_64_cells():
+    """Deltas of 2.5 MB each (a list's pickle, inline in the log): once 16 MiB of them are in the
+    journal the executor takes a checkpoint, instead of after 64 records, so the Raft snapshot
+    (checkpoint and journal) stays small."""
+    group = Group()
+    try:
+        for i in range(8):
+            check_cell(group.execute(f"words = [str(i + {i}) for i in range(300_000)]", 1), 1)
+        taken = re.findall(r"proposing a checkpoint of \d+ bytes after (\d+) journal records "
+                           r"\((\d+) bytes\)", group.replicas[1].stderr())
+        assert len(taken) == 1, taken
+        records, journal_bytes = map(int, taken[0])
+        assert 6 <= records <= 7 and journal_bytes >= 16 << 20, taken
+        _, outputs = check_cell(group.execute("print(words[0], len(words))", 3), 3)
+        assert stream_text(outputs) == "7 300000\n"
     finally:
         group.close()
 
