@@ -142,7 +142,8 @@ struct ProposalRouter::Impl {
         if (e.num() == EINTR || e.num() == EAGAIN) continue;
         return;  // ETERM: stopping
       }
-      // [identity, seq, command...] -> [identity, seq, "ok"|"error", last index|message]
+      // [identity, seq, command...] -> [identity, seq, "ok"|"invalid"|"unavailable"|"error",
+      //                                 last index|message]
       // [identity, seq, "", "transfer", id] -> [identity, seq, "ok"|"error", message]
       // [identity, seq, "", "add", id, address] and [identity, seq, "", "remove", id]
       //   -> [identity, seq, "ok"|"invalid"|"unavailable"|"error", message], maybe later
@@ -164,7 +165,7 @@ struct ProposalRouter::Impl {
             node, std::move(commands),
             std::chrono::duration_cast<std::chrono::milliseconds>(kServeCommitTimeout));
         ++*served;
-        status = result.ok() ? "ok" : "error";
+        status = result.ok() ? "ok" : StatusWord(result.status());
         body = result.ok() ? std::to_string(*result) : result.status().message();
       }
       std::array<zmq::const_buffer, 4> reply;
@@ -526,6 +527,10 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
         continue;
       }
       if (parts[1].to_string() == "ok") return std::stoull(parts[2].to_string());
+      // Refused as such (too large, say): asking again cannot help.
+      if (parts[1].to_string() == "invalid") {
+        return InvalidArgument("leader " + leader.address + ": " + parts[2].to_string());
+      }
       last = Unavailable("leader " + leader.address + ": " + parts[2].to_string());
       break;
     }

@@ -465,9 +465,10 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   // Delta, side effects and Done go out together: one round trip to the leader.
   std::vector<std::string> entries;
   auto delta = engine_->TakeDelta();
-  // A store that fails here would most likely fail a rebuild of the namespace too, which could
-  // leave it half rebuilt: this replica keeps the cell's effects instead (they are not in the
-  // log, so it is ahead of the others until it is replaced or restarted).
+  // The delta was made while the cell ran (a store failing then puts its data inline), so this
+  // fails only on an engine error. A rebuild of the namespace would most likely fail the same
+  // way: this replica keeps the cell's effects instead (they are not in the log, so it is ahead
+  // of the others until it is replaced or restarted).
   if (!delta.ok()) return delta.status();
   if (!delta->empty()) {
     entries.push_back(EncodeWithId({KernelEntry::Type::kDelta, decision.exec_id,

@@ -239,7 +239,11 @@ struct RaftNode::Impl {
 
   void SubmitWaiting() {
     if (in_flight || waiting.empty() || raft_closing) return;
-    const size_t n = std::min(waiting.size(), options.max_batch);
+    size_t n = 0;
+    for (size_t bytes = 0; n < std::min(waiting.size(), options.max_batch); ++n) {
+      bytes += waiting[n].first.size();
+      if (n > 0 && bytes > options.max_batch_bytes) break;
+    }
     std::vector<struct raft_buffer> bufs(n);
     auto r = std::make_unique<ApplyRequest>();
     r->impl = this;
@@ -484,6 +488,12 @@ ServerId RaftNode::id() const { return impl_->options.id; }
 void RaftNode::Propose(std::string command, Committed done) {
   Impl* p = impl_.get();
   p->Submit("propose", std::move(done), [p, command = std::move(command)](Committed d) mutable {
+    if (command.size() > p->options.max_batch_bytes) {
+      d(InvalidArgument("propose: an entry of " + std::to_string(command.size()) +
+                        " bytes is over this log's limit of " +
+                        std::to_string(p->options.max_batch_bytes)));
+      return;
+    }
     p->waiting.emplace_back(std::move(command), std::move(d));
     p->SubmitWaiting();
   });

@@ -39,6 +39,10 @@ struct RaftNodeOptions {
   unsigned connect_retry_delay_ms = 10;
   // Proposals are submitted in batches, one batch at a time: at most this many entries each.
   size_t max_batch = 64;
+  // ... and at most this many bytes in all; a proposal alone over it is refused
+  // (kInvalidArgument). libraft 0.15 crashed on a 37 MB batch and never committed a 32 MB one;
+  // 16-18 MB went through.
+  size_t max_batch_bytes = size_t{16} << 20;
   // After a batch commits with nothing else waiting, the leader appends a nudge (EncodeNudge) so
   // that followers learn the commit at once instead of at the next heartbeat: a standby applies
   // a cell about one round trip after the executor, and a follower executor's proposal needs no

@@ -155,6 +155,27 @@ TEST_F(RaftNodeTest, ProposalsCommitInOrderOnAllMembers) {
   EXPECT_EQ(machines_[0]->commands()[20], "pipe0");
 }
 
+TEST_F(RaftNodeTest, LargeProposalsGoInSeparateBatchesAndAnOversizedOneIsRefused) {
+  size_t leader = Leader();
+  const size_t limit = RaftNodeOptions{}.max_batch_bytes;
+  auto refused = ProposeSync(*nodes_[leader], std::string(limit + 1, 'x'));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("over this log's limit"), std::string::npos);
+  // Two entries of 60 % of the limit each, proposed together: two batches, both committed.
+  std::vector<std::promise<Result<uint64_t>>> promises(2);
+  for (int i = 0; i < 2; ++i) {
+    nodes_[leader]->Propose(std::string(limit * 6 / 10, static_cast<char>('a' + i)),
+                            [&promises, i](Result<uint64_t> r) { promises[i].set_value(r); });
+  }
+  for (auto& p : promises) {
+    auto r = p.get_future().get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  ExpectConverged(2);
+  EXPECT_EQ(machines_[0]->commands()[1][0], 'b');
+}
+
 TEST_F(RaftNodeTest, FollowerNamesTheLeader) {
   size_t leader = Leader();
   size_t follower = (leader + 1) % 3;

@@ -519,7 +519,7 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
     """A pickle of tens of MB (a long list) goes to the store by key, not into one Raft entry
     (libraft crashed the executor on one of about 37 MB), and so does a source over 1 MiB in the
     history the other replicas keep. With the store gone, a cell's arrays
-    and pickles go through the replication log up to 16 MB, so no name is lost; past that every
+    and pickles go through the replication log up to 12 MB, so no name is lost; past that every
     name the cell changed is reported, and once the store is back cells replicate as before."""
     port = free_port_pair()
     redis = start_redis(port)
@@ -542,7 +542,7 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
         _, outputs = check_cell(group.execute("huge = np.ones(3 << 20)\nn = 2", 2), 2)
         text = stream_text(outputs)
         assert "cannot replicate 'huge'" in text and "cannot replicate 'n'" in text, text
-        assert "over the 16.0 MB the replication log takes instead" in text, text
+        assert "over the 12.0 MB the replication log takes instead" in text, text
         redis = start_redis(port)
         check_cell(group.execute("del huge\nn = 3\nb = np.ones(1 << 18)", 3), 3)
         assert "b" in group.assert_converged()

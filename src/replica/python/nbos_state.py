@@ -1610,7 +1610,7 @@ class StateSync:
     """Computes, serializes and applies namespace deltas for one replica (see module doc)."""
 
     def __init__(self, namespace, hidden, store, oob_threshold=64 * 1024, replica_id=None,
-                 payload_threshold=4 << 20, fallback_limit_bytes=16 << 20):
+                 payload_threshold=4 << 20, fallback_limit_bytes=12 << 20):
         self.ns = namespace
         self.hidden = hidden if hidden is not None else frozenset()
         self.store = store
