@@ -572,19 +572,21 @@ void ReplicaGate::SetLoggedFields(std::string code, const std::string& reply_con
 }
 
 void ReplicaGate::FieldsFromStore(Json* done_meta) {
-  for (const std::string field : {"code", "reply"}) {
-    auto key = done_meta->find(field + "_key");
+  // Every Done passes here: the names are literals, so a Done without keys costs two lookups.
+  for (const auto& [field, key_field] : {std::pair{"code", "code_key"}, {"reply", "reply_key"}}) {
+    auto key = done_meta->find(key_field);
     if (key == done_meta->end() || !key->is_string()) continue;
+    const bool is_reply = std::string_view(field) == "reply";
     auto text = store_->Get(key->get<std::string>());
     if (!text.ok()) {
       spdlog::error("this cell's {} could not be fetched from the blob store: {}", field,
                     text.status().ToString());
-      (*done_meta)[field] = field == "reply" ? Json::object()
-                                             : Json(
-                                                   "# nbos: this cell's source could not be "
-                                                   "fetched from the blob store: " +
-                                                   text.status().ToString());
-    } else if (field == "reply") {
+      (*done_meta)[field] = is_reply ? Json::object()
+                                     : Json(
+                                           "# nbos: this cell's source could not be fetched "
+                                           "from the blob store: " +
+                                           text.status().ToString());
+    } else if (is_reply) {
       Json reply = Json::parse(*text, nullptr, false);
       (*done_meta)[field] = reply.is_object() ? std::move(reply) : Json::object();
     } else {

@@ -327,6 +327,17 @@ class StoreFallback:
         self.inline_bytes = 0    # bytes inlined instead, in the payload being written
         self.exceeded = False    # some data was left out: it was over the limit
 
+    def put(self, store, data):
+        """store.put(data), or None once the store has failed in this call: the caller inlines
+        the bytes, which count against the limit (_OverFallbackLimit past it)."""
+        if self.error is None:
+            try:
+                return store.put(data)
+            except Exception as e:
+                self.error = f"{type(e).__name__}: {e}"
+        self.take(memoryview(data).nbytes)
+        return None
+
     def take(self, nbytes):
         """Counts nbytes more inlined, or raises _OverFallbackLimit once over the limit."""
         if self.inline_bytes + nbytes > self.limit_bytes:
@@ -1110,16 +1121,8 @@ class _DeltaPickler(_BasePickler):
     # -- out-of-band buffers and big bytes --
 
     def _put(self, data):
-        """The blob's key, or None once the store has failed in this end() or snapshot(): the
-        caller then pickles the bytes inline (StoreFallback, which raises past its limit)."""
-        fallback = self._sync._fallback
-        if fallback.error is None:
-            try:
-                return self._store.put(data)
-            except Exception as e:
-                fallback.error = f"{type(e).__name__}: {e}"
-        fallback.take(memoryview(data).nbytes)
-        return None
+        """The blob's key, or None (StoreFallback.put): the caller pickles the bytes inline."""
+        return self._sync._fallback.put(self._store, data)
 
     def _inline(self, array):
         # The pid that carries these bytes is pickled next (the memo keeps it, so the id stays
@@ -1824,15 +1827,8 @@ class StateSync:
     def _put_payload(self, payload):
         """The payload's blob key; None when the store failed and it fits the fallback's limit
         (it then goes inline); _OverFallbackLimit when it does not."""
-        fallback = self._fallback
-        if fallback.error is None:
-            try:
-                return self.store.put(payload)
-            except Exception as e:
-                fallback.error = f"{type(e).__name__}: {e}"
-        fallback.inline_bytes = 0  # the payload holds whatever was inlined into it
-        fallback.take(len(payload))
-        return None
+        self._fallback.inline_bytes = 0  # the payload holds whatever was inlined into it
+        return self._fallback.put(self.store, payload)
 
     def _stored_payload(self, header, payload):
         key = header.get("payload")
