@@ -5,6 +5,7 @@ namespaces are equal (per-name digests from nbos_namespace_request), that only t
 produces output, and what happens when replicas die.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -418,6 +420,57 @@ def test_process_state_outside_the_namespace_follows_the_executor(group):
         "print(os.getcwd(), os.environ.get('NBOS_REPLICATED'), sys.path[-1])", 3)
     reply, outputs = check_cell(results, 3)
     assert stream_text(outputs) == "/tmp yes /opt/nbos-test\n"
+
+
+def test_a_standby_writes_its_input_history_in_batches_and_loses_none(kernelspec_dir,
+                                                                     monkeypatch, tmp_path):
+    # Each replica writes its own session to the history database; here all three share one.
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    db = tmp_path / "profile_default" / "history.sqlite"
+
+    def rows_by_session(want, timeout=TIMEOUT):
+        """{session: inputs written}, once `want` holds for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.closing(sqlite3.connect(db)) as c:
+                rows = dict(c.execute("SELECT session, 0 FROM sessions").fetchall())
+                rows.update(c.execute("SELECT session, COUNT(*) FROM history GROUP BY session"))
+            if want(sorted(rows.values())) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)
+
+    g = Group()
+    try:
+        for n in range(3):
+            check_cell(g.execute(f"a = {n}", 1), 1)
+        # The executor writes each cell's input; the standbys keep theirs for now.
+        assert sorted(rows_by_session(lambda r: r == [0, 0, 3]).values()) == [0, 0, 3]
+        time.sleep(0.5)
+        assert sorted(rows_by_session(lambda r: False, timeout=0).values()) == [0, 0, 3]
+        # A history request reads them all, and writes them.
+        tail = g.replicas[2].request("history_request", {
+            "hist_access_type": "tail", "n": 10, "raw": True, "output": False})["content"]
+        by_session = {}
+        for session, line, code in tail["history"]:
+            by_session.setdefault(session, []).append((line, code))
+        # Its own session beside the executor's, which this shared database also holds.
+        assert list(by_session.values()) == [[(1, "a = 0"), (2, "a = 1"), (3, "a = 2")]] * 2
+        assert sorted(rows_by_session(lambda r: r == [0, 3, 3]).values()) == [0, 3, 3]
+        # A standby that runs a cell writes what it kept with it.
+        check_cell(g.execute("a = 3", 3), 3)
+        assert sorted(rows_by_session(lambda r: r == [3, 3, 4]).values()) == [3, 3, 4]
+        # However long a replica stays a standby, it keeps at most a batch unwritten.
+        for n in range(4, 40):
+            check_cell(g.execute(f"a = {n}", 3), 3)
+        rows = rows_by_session(lambda r: r[0] >= 32 and r[2] == 40)
+        assert 32 <= min(rows.values()) < 40 and max(rows.values()) == 40, rows
+        # A standby shut down writes what it kept.
+        for r in (g.replicas[1], g.replicas[2]):
+            r.request("shutdown_request", {"restart": False}, channel="control")
+            r.proc.wait(timeout=TIMEOUT)
+        assert sorted(rows_by_session(lambda r: r == [40, 40, 40]).values()) == [40, 40, 40]
+    finally:
+        g.close()
 
 
 def test_unreplicable_names_are_reported_and_fail_clearly_elsewhere(group):

@@ -583,6 +583,10 @@ def _install_nbos_module():
 # JSON that follows, the JSON, then nbos_state's snapshot. Checkpoints without side effects (and
 # those written before) are the bare snapshot.
 _CHECKPOINT_MAGIC = b"NBCK"
+# Inputs a standby keeps before its history thread writes them: that thread's sqlite commit cost
+# each standby as much CPU per cell as the cell `pass` itself. A killed standby loses at most
+# these from its own copy of the history; the executor wrote every one of them.
+_STANDBY_HISTORY_BATCH = 32
 
 
 def _merge_side_effects(state, changes):
@@ -878,10 +882,18 @@ class Engine:
         if meta.get("store_history") and count:
             code = meta.get("code", "")
             shell = self.shell
+            hm = shell.history_manager
+            # A standby's inputs wait in IPython's cache: the history thread writes them when
+            # this replica next runs a cell, when a history request or the end of the session
+            # reads them, or once _STANDBY_HISTORY_BATCH have gathered.
+            each_cell = hm.db_cache_size
             try:
-                shell.history_manager.store_inputs(count, code, code)
+                hm.db_cache_size = max(each_cell, _STANDBY_HISTORY_BATCH)
+                hm.store_inputs(count, code, code)
             except Exception:
                 pass
+            finally:
+                hm.db_cache_size = each_cell
             shell.user_ns["_i%d" % count] = code
             shell.execution_count = count + 1
 
