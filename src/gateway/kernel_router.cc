@@ -316,6 +316,9 @@ void KernelRouter::Pump(Effects* out) {
     want.gpus = CellGpus(head.request);
     want.requested_target = static_cast<ReplicaId>(CountField(nbos, "target_replica").value_or(0));
     want.live = live;
+    if (unreplicated_executor_ != want.requested_target && live.size() > 1) {
+      want.live.erase(unreplicated_executor_);
+    }
     out->push_back(std::move(want));
     return;
   }
@@ -486,9 +489,13 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   if (!done.waits.empty()) nbos["waits"] = std::move(done.waits);
   abort_after_reply_ = StringField(reply->content, "status") == "error" && done.stop_on_error;
   // The executor could not replicate the cell (nor, then, its end): the standbys would wait for
-  // it until their own timeout, each later request queued behind.
+  // it until their own timeout, each later request queued behind. A replica that could not
+  // apply an earlier cell's effects answers so before it runs a cell, and would for every cell
+  // the executor choice, sticky, gave it: the next cell goes to another replica.
+  unreplicated_executor_ = 0;
   if (StringField(reply->content, "ename") == "ReplicationError") {
     CancelEverywhere(done.exec_id, done.plan.target_replica, out);
+    unreplicated_executor_ = done.plan.target_replica;
   }
 }
 

@@ -223,6 +223,9 @@ struct PlanWanted {
   std::string exec_id;
   int gpus = 0;
   ReplicaId requested_target = 0;  // metadata nbos.target_replica, 0 if none
+  // The replicas that may run the cell: the live ones, less the executor of the previous cell
+  // if it could not replicate that cell (it may be behind and would refuse again) and another
+  // is live, unless the request names it.
   std::set<ReplicaId> live;
 };
 struct GrantReleaseWanted {
@@ -425,6 +428,7 @@ class KernelRouter {
   std::map<std::string, uint64_t> control_calls_;  // request msg_id -> call id
   std::map<std::string, ReplicaId> control_to_;    // request msg_id -> replica it went to
   ReplicaId executor_ = 0;
+  ReplicaId unreplicated_executor_ = 0;  // answered ReplicationError for the last cell
   int64_t last_activity_us_ = 0;
   Stats stats_;
 };
