@@ -2017,8 +2017,7 @@ class StateSync:
 
     def snapshot(self):
         """The whole user namespace (without hidden names) and its object tokens, as bytes."""
-        values = {n: self.ns[n] for n in sorted(
-            (n for n in self.ns if not self._hidden(n)), key=self._order_key)}
+        values = {n: self.ns[n] for n in sorted(self._visible(), key=self._order_key)}
         fallback = StoreFallback(self.fallback_limit_bytes)
         self._digests, self._fallback = {}, fallback
         try:
@@ -2037,7 +2036,7 @@ class StateSync:
         """Back to the state before any delta: no visible names, an empty object table (what
         restore() of an empty namespace's snapshot would give)."""
         self._table = _Table()
-        for n in [n for n in self.ns if not self._hidden(n)]:
+        for n in self._visible():
             del self.ns[n]
         self._reported.clear()
 
@@ -2055,7 +2054,7 @@ class StateSync:
             self._table = old_table
             raise
         ns = self.ns
-        for n in [n for n in ns if not self._hidden(n)]:
+        for n in self._visible():
             del ns[n]
         self._reported.clear()
         return self._load_install(header, payload, fetched, buffers)
