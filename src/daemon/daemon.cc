@@ -242,7 +242,12 @@ void AddPrivilegedSandbox(const DaemonOptions& options, SupervisorOptions* sup) 
   std::ifstream in("/proc/self/cgroup");
   std::stringstream text;
   text << in.rdbuf();
-  auto cgroups = ReplicaCgroups::Open("/sys/fs/cgroup", text.str(), "nbos-" + options.server_id);
+  // The state directory names the group, as it names the Raft log root: two daemons on one
+  // machine (two clusters, or tests run side by side) may share a server id, and one's start-up
+  // sweep or shutdown must not remove the other's cgroups while it fills them.
+  const std::string group = fmt::format("nbos-{}-{:016x}", options.server_id,
+                                        std::hash<std::string>{}(options.state_dir));
+  auto cgroups = ReplicaCgroups::Open("/sys/fs/cgroup", text.str(), group);
   if (!cgroups.ok()) {
     spdlog::warn("no per-replica memory limits: {}", cgroups.status().message());
     return;
