@@ -5,13 +5,16 @@ touch the user's Jupyter configuration and always use the binary under test ($NB
 """
 
 import atexit
+import contextlib
 import os
 import pathlib
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -53,6 +56,39 @@ def free_ports(n, pairs=False):
         _PORTS_TAKEN.update(wanted)
         ports.append(port)
     return ports
+
+
+def freeze(pids, timeout_s=10):
+    """Sends SIGSTOP to each pid and returns once every thread of each has stopped. kill()
+    returns before that: one thread starts the group stop when it next runs, and on a loaded
+    machine the others may first serve a request sent after the kill (a process already gone
+    is skipped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while not _all_threads_stopped(pid):
+            assert time.monotonic() < deadline, f"process {pid} did not stop"
+            time.sleep(0.001)
+
+
+def _all_threads_stopped(pid):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses and may hold any
+                # character: the text after the last ')'.
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 # Every temporary directory a test makes (kernelspecs, cluster state, Raft logs of stopped

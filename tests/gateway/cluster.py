@@ -38,6 +38,11 @@ def nbos_bin():
     return _top_conftest().nbos_bin()
 
 
+def freeze(pids):
+    """SIGSTOP to each pid, returning once each has stopped (the top-level conftest.py's)."""
+    _top_conftest().freeze(pids)
+
+
 def free_ports(n, pairs=False):
     return _top_conftest().free_ports(n, pairs)
 
@@ -457,7 +462,10 @@ class SplitCluster(ClusterApi):
                 if p.isdigit() and is_replica_of(p, f"{self.ps.root}/host-{i}/")]
 
     def signal_host(self, i, sig):
-        """Sends `sig` to host-`i`'s daemon and its replicas (SIGSTOP: the server freezes)."""
+        """Sends `sig` to host-`i`'s daemon and its replicas (SIGSTOP: the server freezes, and
+        has when this returns)."""
+        if sig == signal.SIGSTOP:
+            return freeze([self.daemons[i].pid] + self.host_replicas(i))
         for pid in [self.daemons[i].pid] + self.host_replicas(i):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)

@@ -16,7 +16,7 @@ import time
 import pytest
 import websocket
 
-from cluster import KernelSocket, is_replica_of, rest_call, split_cluster
+from cluster import KernelSocket, freeze, is_replica_of, rest_call, split_cluster
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ def test_a_frozen_daemon_stalls_no_kernel_session(healthy_split_cluster):
     view = rest_call(c.url, c.token, "GET", "/api/nbos/cluster")[1]
     target = next(k for k in view["kernels"] if k["id"] == a)["replicas"][0]
     frozen = c.daemons[int(target["server_id"].split("-")[1])]
-    frozen.send_signal(signal.SIGSTOP)
+    freeze([frozen.pid])
     try:
         msg_id = ka.send("execute_request", {
             "code": "1", "silent": False, "store_history": True, "user_expressions": {},

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from cluster import KernelSocket, rest_call, split_cluster
+from cluster import KernelSocket, freeze, rest_call, split_cluster
 from test_self_healing import (DIGEST, STATE, digests_by_replica, expected_digest,
                                kernel_with_state)
 
@@ -221,8 +221,7 @@ def kill_gateway_mid_suspension(c):
             time.sleep(0.005)
         # Frozen daemons hold the suspension in its calls to stop the replicas (their deadline
         # is seconds away), so the gateway dies in the middle of it.
-        for d in c.daemons.values():
-            d.send_signal(signal.SIGSTOP)
+        freeze([d.pid for d in c.daemons.values()])
         try:
             c.kill_gateway()
         finally:

@@ -25,7 +25,7 @@ from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from conftest import free_ports, nbos_bin  # noqa: E402
+from conftest import free_ports, freeze, nbos_bin  # noqa: E402
 
 TIMEOUT = 60
 
@@ -391,8 +391,7 @@ def test_an_executor_whose_effects_cannot_be_committed_goes_back_to_the_replicat
     check_cell(group.execute("x = 1\nlog = ['a']", 1), 1)
     exec_id, sent = group.send_execute("import time\ntime.sleep(1.5)\nx = 2\nlog.append('b')", 1)
     time.sleep(0.5)
-    for rid in (2, 3):
-        group.replicas[rid].proc.send_signal(signal.SIGSTOP)
+    freeze([group.replicas[rid].proc.pid for rid in (2, 3)])
     try:
         reply, _ = group.collect({1: sent[1]})[1]
     finally:
