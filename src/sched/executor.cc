@@ -60,4 +60,44 @@ ExecutorChoice ChooseExecutor(const ClusterState& cluster, const KernelView& ker
   return choice;
 }
 
+double SoleCoverLoss(const ClusterState& cluster, const std::string& server_id, int32_t gpus,
+                     const std::vector<LikelyKernel>& likely) {
+  const ServerView* server = cluster.FindServer(server_id);
+  if (server == nullptr) return 0;
+  const int32_t idle = server->IdleGpus();
+  double loss = 0;
+  for (const LikelyKernel& k : likely) {
+    // Only a need the server meets now and would not meet after the cell is a loss.
+    if (idle < k.need_gpus || idle - gpus >= k.need_gpus || !k.kernel->HasReplicaOn(server_id)) {
+      continue;
+    }
+    const bool covered_elsewhere =
+        std::any_of(k.kernel->replicas.begin(), k.kernel->replicas.end(), [&](const auto& r) {
+          const ServerView* other = cluster.FindServer(r.server_id);
+          return r.server_id != server_id && other != nullptr && other->accepting &&
+                 other->IdleGpus() >= k.need_gpus;
+        });
+    if (!covered_elsewhere) loss += k.chance;
+  }
+  return loss;
+}
+
+void SpareSoleCovers(const ClusterState& cluster, const KernelView& kernel, int32_t gpus,
+                     const std::vector<LikelyKernel>& likely, ExecutorChoice* choice) {
+  std::vector<uint32_t>& candidates = choice->candidates;
+  if (candidates.size() < 2 || likely.empty()) return;
+  std::vector<std::pair<double, uint32_t>> by_loss;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    // A requested target is what the user asked for, whatever it costs others.
+    const double loss =
+        i == 0 && choice->target_honoured
+            ? -1
+            : SoleCoverLoss(cluster, kernel.FindReplica(candidates[i])->server_id, gpus, likely);
+    by_loss.emplace_back(loss, candidates[i]);
+  }
+  std::stable_sort(by_loss.begin(), by_loss.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < by_loss.size(); ++i) candidates[i] = by_loss[i].second;
+}
+
 }  // namespace nbos::sched

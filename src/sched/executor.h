@@ -36,4 +36,26 @@ ExecutorChoice ChooseExecutor(const ClusterState& cluster, const KernelView& ker
                               std::optional<uint32_t> target_replica = std::nullopt,
                               bool pack_gpus = false);
 
+// An idle kernel likely to run a cell soon (forecast.h), and the GPUs its next cell likely needs.
+struct LikelyKernel {
+  const KernelView* kernel = nullptr;
+  int32_t need_gpus = 0;  // GpuNeed::cover_gpus
+  double chance = 0;      // P(a cell within the forecast's horizon)
+};
+
+// The summed chance of the `likely` kernels that would lose their only cover if a cell took
+// `gpus` GPUs on `server_id`: kernels with a replica there whose other replicas' accepting servers
+// all have fewer than need_gpus idle, and for which that server has need_gpus idle now but would
+// not after the cell.
+double SoleCoverLoss(const ClusterState& cluster, const std::string& server_id, int32_t gpus,
+                     const std::vector<LikelyKernel>& likely);
+
+// Sparing covers: reorders `choice->candidates` of `kernel`'s cell of `gpus` GPUs by
+// SoleCoverLoss of each candidate's server, least first; equal losses keep ChooseExecutor's order
+// (stickiness, then best fit). When two likely kernels' cells come close together, the first
+// then leaves the second's only ready server alone if it has another. A requested target stays
+// first.
+void SpareSoleCovers(const ClusterState& cluster, const KernelView& kernel, int32_t gpus,
+                     const std::vector<LikelyKernel>& likely, ExecutorChoice* choice);
+
 }  // namespace nbos::sched

@@ -114,5 +114,63 @@ TEST(ExecutorTest, IsDeterministic) {
   }
 }
 
+// Servers a, b, c, d with 4 GPUs each: k (replicas 1@a, 2@b, 3@c) can run a 2-GPU cell on a or
+// b, 2 GPUs idle on each (best fit: a first, the lower replica id); c and d are full. x, idle,
+// has replicas on a and d: a is its only server with 2 GPUs idle, which k's cell there would
+// take; y is the same on b.
+struct SpareCase {
+  ClusterState cluster = Cluster({Server("a", 4), Server("b", 4), Server("c", 4), Server("d", 4)});
+  SpareCase() {
+    EXPECT_TRUE(cluster.AddKernel(Kernel("k", Req(2), {"a", "b", "c"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("x", Req(2), {"a", "d"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("y", Req(2), {"b", "d"})).ok());
+    for (const auto& [server, gpus] : {std::pair{"a", 2}, {"b", 2}, {"c", 4}, {"d", 4}}) {
+      EXPECT_TRUE(cluster.Commit(server, Gpus(gpus)).ok());
+    }
+  }
+  const KernelView* Find(const std::string& id) const { return cluster.FindKernel(id); }
+  ExecutorChoice Spare(const std::vector<LikelyKernel>& likely,
+                       std::optional<uint32_t> target = std::nullopt) const {
+    ExecutorChoice choice = ChooseExecutor(cluster, *Find("k"), 2, {}, target, true);
+    SpareSoleCovers(cluster, *Find("k"), 2, likely, &choice);
+    return choice;
+  }
+};
+
+TEST(SpareSoleCoversTest, TheCellLeavesALikelyKernelsOnlyCoverAlone) {
+  SpareCase c;
+  EXPECT_EQ(c.Spare({}).candidates, (Ids{1, 2}));
+  EXPECT_EQ(c.Spare({{c.Find("x"), 2, 0.5}}).candidates, (Ids{2, 1}));
+  EXPECT_DOUBLE_EQ(SoleCoverLoss(c.cluster, "a", 2, {{c.Find("x"), 2, 0.5}}), 0.5);
+  // Both would lose their cover: the less likely one does.
+  EXPECT_EQ(c.Spare({{c.Find("x"), 2, 0.5}, {c.Find("y"), 2, 0.3}}).candidates, (Ids{2, 1}));
+  EXPECT_EQ(c.Spare({{c.Find("x"), 2, 0.5}, {c.Find("y"), 2, 0.6}}).candidates, (Ids{1, 2}));
+  // Equal losses keep ChooseExecutor's order.
+  EXPECT_EQ(c.Spare({{c.Find("x"), 2, 0.5}, {c.Find("y"), 2, 0.5}}).candidates, (Ids{1, 2}));
+}
+
+TEST(SpareSoleCoversTest, OnlyALostOnlyCoverCounts) {
+  SpareCase c;
+  // x needs more than a has idle: a covers it neither before nor after.
+  EXPECT_EQ(SoleCoverLoss(c.cluster, "a", 2, {{c.Find("x"), 4, 0.5}}), 0);
+  // A 1-GPU cell leaves x's 1 GPU on a.
+  EXPECT_EQ(SoleCoverLoss(c.cluster, "a", 1, {{c.Find("x"), 1, 0.5}}), 0);
+  // With d's GPUs free, x has another cover.
+  ASSERT_TRUE(c.cluster.Release("d", Gpus(2)).ok());
+  EXPECT_EQ(SoleCoverLoss(c.cluster, "a", 2, {{c.Find("x"), 2, 0.5}}), 0);
+  // ... unless d stops accepting.
+  ASSERT_TRUE(c.cluster.SetAccepting("d", false).ok());
+  EXPECT_DOUBLE_EQ(SoleCoverLoss(c.cluster, "a", 2, {{c.Find("x"), 2, 0.5}}), 0.5);
+  // A server without x's replica is no cover of x's.
+  EXPECT_EQ(SoleCoverLoss(c.cluster, "b", 2, {{c.Find("x"), 2, 0.5}}), 0);
+}
+
+TEST(SpareSoleCoversTest, ARequestedTargetStaysFirst) {
+  SpareCase c;
+  const ExecutorChoice choice = c.Spare({{c.Find("x"), 2, 0.5}}, 1u);
+  EXPECT_TRUE(choice.target_honoured);
+  EXPECT_EQ(choice.candidates, (Ids{1, 2}));
+}
+
 }  // namespace
 }  // namespace nbos::sched

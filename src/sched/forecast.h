@@ -37,6 +37,10 @@ struct ForecastOptions {
   // to run a cell within the horizon pins one server that has its next cell's GPUs (cover_gpus)
   // idle against scale-in, unless a busy server has them (Scheduler::ReliedOn).
   double pin_min_chance = 0.1;
+  // Executor choice spares covers (executor.h SpareSoleCovers): among the replicas that can run
+  // a cell, those whose server is the only cover of fewer idle kernels at least this likely to
+  // run a cell within the horizon go first. < 0: off.
+  double spare_cover_min_chance = -1;
 };
 
 // An online distribution of idle gaps, in log-spaced bins from 1 s to months, plus gaps that

@@ -59,9 +59,13 @@ json Enc(const RebalanceOptions& o) {
 }
 
 json Enc(const ForecastOptions& o) {
-  return {{"enabled", o.enabled},           {"horizon_ms", o.horizon_ms},
-          {"prior_weight", o.prior_weight}, {"kernel_history", o.kernel_history},
-          {"cover_chance", o.cover_chance}, {"pin_min_chance", o.pin_min_chance}};
+  return {{"enabled", o.enabled},
+          {"horizon_ms", o.horizon_ms},
+          {"prior_weight", o.prior_weight},
+          {"kernel_history", o.kernel_history},
+          {"cover_chance", o.cover_chance},
+          {"pin_min_chance", o.pin_min_chance},
+          {"spare_cover_min_chance", o.spare_cover_min_chance}};
 }
 
 json Enc(const MigrationPlan& m) {
@@ -366,6 +370,8 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
       options.forecast.cover_chance = f->at("cover_chance").get<double>();
       options.forecast.pin_min_chance =
           f->value("pin_min_chance", ForecastOptions{}.pin_min_chance);
+      options.forecast.spare_cover_min_chance =
+          f->value("spare_cover_min_chance", ForecastOptions{}.spare_cover_min_chance);
     }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||

@@ -161,6 +161,7 @@ Result<ExecutorDecision> Scheduler::ExecuteInTurn(const ExecutorRequested& reque
                "a hold never exceeds the server's idle GPUs");
   }
   Result<ExecutorDecision> decision = Execute(request);
+  if (decision.ok()) SpareCovers(request.kernel_id, gpus, &decision->choice);
   for (const auto& [server_id, n] : held) {
     NBOS_CHECK(cluster_.Release(server_id, Resources{0, 0, n, 0}).ok(),
                "the hold was committed just above");
@@ -301,6 +302,21 @@ std::map<std::string_view, int32_t> Scheduler::ReliedOn() {
     if (kept != nullptr && !covered_by_busy) ++relied[kept->server_id];
   }
   return relied;
+}
+
+void Scheduler::SpareCovers(const std::string& kernel_id, int32_t gpus, ExecutorChoice* choice) {
+  const double min_chance = options_.forecast.spare_cover_min_chance;
+  if (!options_.forecast.enabled || min_chance < 0 || choice->candidates.size() < 2) return;
+  std::vector<LikelyKernel> likely;
+  for (auto& [id, a] : activity_) {
+    if (id == kernel_id || a.committed_gpus > 0 || a.executor_pending) continue;
+    const double chance = ReturnChanceOf(a);
+    if (chance < min_chance) continue;
+    const KernelView* kernel = cluster_.FindKernel(id);
+    NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
+    likely.push_back({kernel, NeedOf(a, *kernel).cover_gpus, chance});
+  }
+  SpareSoleCovers(cluster_, *cluster_.FindKernel(kernel_id), gpus, likely, choice);
 }
 
 double Scheduler::ReturnChanceOf(KernelActivity& activity) {

@@ -290,6 +290,9 @@ class Scheduler {
   // (scale-in could take them all), it relies on one: the most subscribed, then the greatest
   // server_id (the one DecideScaling would release last). Servers relied on by none are absent.
   std::map<std::string_view, int32_t> ReliedOn();
+  // With forecast.spare_cover_min_chance >= 0: SpareSoleCovers over the idle kernels (other
+  // than kernel_id) at least that likely to run a cell within the horizon.
+  void SpareCovers(const std::string& kernel_id, int32_t gpus, ExecutorChoice* choice);
   // Learns the gap that ends (or never will) for a kernel idle since activity.last_active_ms.
   void NoteGap(KernelActivity& activity, bool returned);
 

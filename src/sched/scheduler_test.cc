@@ -585,6 +585,32 @@ TEST(SchedulerForecastTest, AKernelCoveredByTwoIdleServersKeepsOne) {
       << t.scaling.reason;
 }
 
+// k (8 GPUs, on s0..s2), likely back soon, has its 8 GPUs idle only on s0 (b and c hold s1 and
+// s2). m's 4-GPU cell can run on s0, s3 or s4, all wholly idle: best fit alone takes s0, its first
+// replica's (s0, s3 and s4 are equally idle); sparing covers takes s3 and leaves k's only cover
+// whole.
+TEST(SchedulerForecastTest, ExecutorChoiceSparesTheOnlyCoverOfALikelyKernel) {
+  for (const double spare : {-1.0, 0.1}) {
+    SchedulerOptions o = Options();
+    o.pack_gpus = true;
+    o.forecast.enabled = true;
+    o.forecast.horizon_ms = 120000;
+    o.forecast.spare_cover_min_chance = spare;
+    Scheduler s = WithServers(5, o);
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("b", Req(8), {"s1", "s3", "s4"})).ok());
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("c", Req(8), {"s2", "s3", "s4"})).ok());
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("m", Req(4), {"s0", "s3", "s4"})).ok());
+    ASSERT_TRUE(s.OnGrantCommitted(0, {"b", 1, "s1", Req(8, 0, 0)}).ok());
+    ASSERT_TRUE(s.OnGrantCommitted(0, {"c", 1, "s2", Req(8, 0, 0)}).ok());
+    const int64_t end_ms = RunShortGappedCells(s, 5);
+    auto d = s.RequestExecutor(end_ms + 15000, {.kernel_id = "m", .gpus = 4});
+    ASSERT_TRUE(d.ok());
+    const std::vector<uint32_t> want =
+        spare < 0 ? std::vector<uint32_t>{1, 2, 3} : std::vector<uint32_t>{2, 3, 1};
+    EXPECT_EQ(d->choice.candidates, want) << "spare_cover_min_chance " << spare;
+  }
+}
+
 TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   SchedulerOptions o = Options();
   o.forecast.enabled = true;
@@ -593,6 +619,7 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   o.forecast.pin_min_chance = 0.3;
   o.scaling.release_max_pinning_replicas = 1;
   o.rebalance.spare_whole_min_chance = 0.2;
+  o.forecast.spare_cover_min_chance = 0.15;
   Result<SchedulerOptions> back = DecodeJournalHeader(EncodeJournalHeader(o));
   ASSERT_TRUE(back.ok());
   EXPECT_TRUE(back->forecast.enabled);
@@ -601,6 +628,7 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->forecast.pin_min_chance, 0.3);
   EXPECT_EQ(back->scaling.release_max_pinning_replicas, 1);
   EXPECT_EQ(back->rebalance.spare_whole_min_chance, 0.2);
+  EXPECT_EQ(back->forecast.spare_cover_min_chance, 0.15);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);

@@ -66,6 +66,7 @@ using nlohmann::json;
   X(release_pin_min_chance)           \
   X(rebalance_spare_whole_min_chance) \
   X(rebalance_contended_cover_chance) \
+  X(executor_spare_cover_chance)      \
   X(warm_per_host)                    \
   X(lcp_warm_per_host)                \
   X(gpu_hour_cost_usd)                \
@@ -961,6 +962,7 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
     s.forecast.pin_min_chance = c.release_pin_min_chance;
     s.rebalance.spare_whole_min_chance = c.rebalance_spare_whole_min_chance;
     s.rebalance.contended_cover_chance = c.rebalance_contended_cover_chance;
+    s.forecast.spare_cover_min_chance = c.executor_spare_cover_chance;
     s.scaling.release_max_pinning_replicas = c.release_max_pinning_replicas;
     // Scale-in no longer goes by replica counts, so neither do rebalancing's targets: a move
     // keeps a server only by making a likely kernel rely on it, which the pinning rule sees.

@@ -95,6 +95,10 @@ struct SimConfig {
   // when likelier kernels relying on that server alone add up to this chance
   // (sched::RebalanceOptions::contended_cover_chance). < 0: off.
   double rebalance_contended_cover_chance = 0.3;
+  // With the forecast: executor choice puts a cell first on the replica whose server is the only
+  // cover of the fewest idle kernels at least this likely to return, sparing their covers
+  // (sched::ForecastOptions::spare_cover_min_chance). < 0: off.
+  double executor_spare_cover_chance = 0.2;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
