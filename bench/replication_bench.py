@@ -933,6 +933,8 @@ def parse_args(argv):
     p.add_argument("--stores", default="dir,shm,redis",
                    help="blob stores: dir (in /tmp), shm (a directory in --shm-dir), redis")
     p.add_argument("--shm-dir", default="/dev/shm", help="RAM-backed directory for `shm`")
+    p.add_argument("--shm-spare-mb", type=int,
+                   help="spare files of the `shm` store, MiB (default: the store's; 0: none)")
     p.add_argument("--raft-logs", default="ram,disk",
                    help="where replicas keep their Raft logs, a comma-separated list: ram (a"
                         " directory in --shm-dir, as daemons do by default), disk (the work"
@@ -1075,7 +1077,8 @@ def run(args, workdir):
                     cleanup.append(lambda d=shm: shutil.rmtree(d, ignore_errors=True))
                     scratch = os.path.join(shm, "scratch")
                     os.mkdir(scratch)
-                    group = new_group(store_url=f"dir://{shm}/blobs")
+                    spare = "" if args.shm_spare_mb is None else f"?spare_mb={args.shm_spare_mb}"
+                    group = new_group(store_url=f"dir://{shm}/blobs{spare}")
                 else:
                     redis = RedisServer(args.redis_server, workdir)
                     cleanup.append(redis.close)

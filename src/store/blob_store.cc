@@ -116,11 +116,18 @@ Result<std::unique_ptr<BlobStore>> OpenDir(std::string_view path, std::string_vi
     return InvalidArgument("blob store directory must be an absolute path: '" + Printable(url) +
                            "'");
   }
-  auto options = ParseOptions(query, url, {"fsync"});
+  auto options = ParseOptions(query, url, {"fsync", "spare_mb"});
   if (!options.ok()) return options.status();
   DirBlobStoreOptions dir_options;
   for (const auto& [name, value] : *options) {
-    if (value == "1" || value == "true") {
+    if (name == "spare_mb") {
+      size_t mb = 0;
+      if (!ParseSize(value, mb) || mb > (size_t{1} << 20)) {
+        return InvalidArgument("spare_mb must be a number of MiB in blob store URL '" +
+                               Printable(url) + "'");
+      }
+      dir_options.spare_bytes = mb << 20;
+    } else if (value == "1" || value == "true") {
       dir_options.fsync = true;
     } else if (value == "0" || value == "false") {
       dir_options.fsync = false;

@@ -155,8 +155,9 @@ class BlobStore {
 };
 
 // Opens a store from a URL:
-//   dir:///abs/path[?fsync=1]   (also "dir:/abs/path" and a plain "/abs/path")
-//       a directory store (see dir_blob_store.h); the directory is created if missing.
+//   dir:///abs/path[?fsync=1&spare_mb=N]   (also "dir:/abs/path" and a plain "/abs/path")
+//       a directory store (see dir_blob_store.h); the directory is created if missing. spare_mb:
+//       MiB of spare files for large puts (default 256 on tmpfs, 0 elsewhere; 0 turns them off).
 //   redis://host[:port][/db][?chunk_bytes=N]
 //       a Redis store (see redis_blob_store.h); port defaults to 6379, db to 0. Connects (PING)
 //       before returning, so a missing server is reported here as Unavailable.

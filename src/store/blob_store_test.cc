@@ -149,6 +149,10 @@ TEST(OpenBlobStoreTest, DirectoryUrlForms) {
   auto again = OpenBlobStore((*synced)->Describe());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)->Describe(), (*synced)->Describe());
+  auto spared = OpenBlobStore("dir://" + path + "?spare_mb=64&fsync=1");
+  ASSERT_TRUE(spared.ok()) << spared.status().ToString();
+  EXPECT_EQ((*spared)->Describe(), "dir:" + path + "?fsync=1&spare_mb=64");
+  EXPECT_EQ((*OpenBlobStore((*spared)->Describe()))->Describe(), (*spared)->Describe());
 }
 
 TEST(OpenBlobStoreTest, RejectsMalformedUrls) {
@@ -171,6 +175,10 @@ TEST(OpenBlobStoreTest, RejectsMalformedUrls) {
                           "redis://h:1?fsync=1",
                           "/tmp/x?bogus=1",
                           "/tmp/x?fsync=2",
+                          "/tmp/x?spare_mb=",
+                          "/tmp/x?spare_mb=-1",
+                          "/tmp/x?spare_mb=1k",
+                          "redis://h:1?spare_mb=1",
                           "s3:/bucket",
                           "s3://?endpoint=http://127.0.0.1:1",
                           "s3://b?endpoint=127.0.0.1:1",

@@ -1,13 +1,16 @@
 #include "store/dir_blob_store.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "common/check.h"
@@ -49,6 +52,8 @@ class TempFile {
     return rc;
   }
   void Release() { path_.clear(); }
+  // An unnamed file (a spare) got its temporary name.
+  void Named(std::string path) { path_ = std::move(path); }
 
  private:
   int fd_;
@@ -93,6 +98,35 @@ Result<std::unique_ptr<TempFile>> CreateTempFile(const std::filesystem::path& di
   }
 }
 
+// Gives the unnamed `temp` a temporary name in `dir`. Through /proc, since linking a descriptor
+// itself (AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH.
+Status LinkUnnamed(TempFile& temp, const std::filesystem::path& dir) {
+  const std::string proc = "/proc/self/fd/" + std::to_string(temp.fd());
+  for (int attempt = 0;; ++attempt) {
+    std::string path = (dir / (".put.tmp." + RandomSuffix())).string();
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) == 0) {
+      temp.Named(std::move(path));
+      return Status::Ok();
+    }
+    if (errno != EEXIST || attempt == 3)
+      return IoError("cannot link a spare file into", dir, errno);
+  }
+}
+
+// Whether spare files work in `dir`: an unnamed file can be made and linked there (no O_TMPFILE
+// on some filesystems, no /proc in some sandboxes).
+bool CanLinkUnnamed(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  TempFile probe(fd, "");
+  return LinkUnnamed(probe, dir).ok();  // the probe's name goes with `probe`
+}
+
+bool OnTmpfs(const std::filesystem::path& dir) {
+  struct statfs fs {};
+  return ::statfs(dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+}
+
 // Straight from the caller's buffer: no copy in user space.
 Status WriteAll(TempFile& temp, std::string_view data) {
   const char* p = data.data();
@@ -105,6 +139,26 @@ Status WriteAll(TempFile& temp, std::string_view data) {
     }
     p += n;
     left -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// Copies `data` into `spare`'s mapping, unmaps it, and makes the file (`temp`, which owns its
+// descriptor) exactly `data`'s size: trimmed, or written on past the spare's end.
+Status FillSpare(SpareFile& spare, TempFile& temp, std::string_view data,
+                 const std::filesystem::path& dir) {
+  const size_t copied = std::min(spare.allocated_bytes, data.size());
+  std::memcpy(spare.map, data.data(), copied);
+  spare.Unmap();
+  if (copied < data.size()) {
+    if (::lseek(temp.fd(), static_cast<off_t>(copied), SEEK_SET) < 0) {
+      return IoError("cannot seek in a spare file in", dir, errno);
+    }
+    return WriteAll(temp, data.substr(copied));
+  }
+  if (spare.allocated_bytes > data.size() &&
+      ::ftruncate(temp.fd(), static_cast<off_t>(data.size())) != 0) {
+    return IoError("cannot truncate a spare file in", dir, errno);
   }
   return Status::Ok();
 }
@@ -215,7 +269,12 @@ std::filesystem::path DirBlobStore::PathFor(std::string_view key) const {
 }
 
 std::string DirBlobStore::Describe() const {
-  return "dir:" + root_.string() + (options_.fsync ? "?fsync=1" : "");
+  std::string query = options_.fsync ? "fsync=1" : "";
+  if (options_.spare_bytes) {
+    query += (query.empty() ? "" : "&") + std::string("spare_mb=") +
+             std::to_string(*options_.spare_bytes >> 20);
+  }
+  return "dir:" + root_.string() + (query.empty() ? "" : "?" + query);
 }
 
 Result<std::string> DirBlobStore::Put(std::string_view data) {
@@ -242,9 +301,13 @@ Result<std::string> DirBlobStore::PutWhileHashing(std::string_view data, int hel
   const std::filesystem::path temp_dir = root_ / RandomSuffix().substr(0, 2);
   if (::mkdir(temp_dir.c_str(), 0755) != 0 && errno != EEXIST)
     return IoError("cannot create", temp_dir, errno);
-  auto temp = CreateTempFile(temp_dir, "put");
+  SpareFiles* spares = SparesForPut();
+  std::optional<SpareFile> spare = spares != nullptr ? spares->Take(data.size()) : std::nullopt;
+  Result<std::unique_ptr<TempFile>> temp =
+      spare ? std::make_unique<TempFile>(spare->fd, std::string())
+            : CreateTempFile(temp_dir, "put");
   if (!temp.ok()) return temp.status();
-  Status written = WriteAll(**temp, data);
+  Status written = spare ? FillSpare(*spare, **temp, data, temp_dir) : WriteAll(**temp, data);
   std::string key = hasher.Finish();
   if (!written.ok()) return written;
   struct stat st;
@@ -252,8 +315,24 @@ Result<std::string> DirBlobStore::PutWhileHashing(std::string_view data, int hel
       static_cast<size_t>(st.st_size) == data.size()) {
     return key;  // already stored; the temporary file goes with `temp`
   }
+  if (spare) {
+    if (Status s = LinkUnnamed(**temp, temp_dir); !s.ok()) return s;
+  }
   if (Status s = Publish(**temp, root_, key, options_.fsync); !s.ok()) return s;
   return key;
+}
+
+SpareFiles* DirBlobStore::SparesForPut() {
+  std::call_once(spares_once_, [this] {
+    const size_t budget = options_.spare_bytes.value_or(OnTmpfs(root_) ? kDefaultSpareBytes : 0);
+    if (budget == 0) return;
+    // Spares are made in a fan-out directory: the root may not be writable (see PutWhileHashing).
+    const std::filesystem::path dir = root_ / "00";
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return;
+    if (!CanLinkUnnamed(dir)) return;
+    spares_ = std::make_unique<SpareFiles>(dir, SpareFilesOptions{.budget_bytes = budget});
+  });
+  return spares_.get();
 }
 
 Status DirBlobStore::PutWithKey(std::string_view key, std::string_view data) {

@@ -15,6 +15,11 @@
 // them (blob files are never changed in place, only replaced by rename, so a mapping stays valid
 // and unchanged) and hashes the mapping on helper threads.
 //
+// Spare files (spare_files.h): on a RAM filesystem a large put writes into an unnamed file whose
+// pages were allocated ahead of it, then links it in, so the put pays a memory copy instead of
+// first-touch page faults. Only the process that puts large blobs holds spares (a replica that
+// never runs a cell has none), at most `spare_bytes` of them, dropped after a minute without puts.
+//
 // Durability: by default blobs are not fsynced. A blob is a cache of state that the Raft log
 // references by key and that its producer can put again; losing the last seconds of blobs in a
 // power cut costs a re-put, while fsync on every put would cap throughput at the disk's sync rate
@@ -25,16 +30,24 @@
 
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "store/blob_store.h"
+#include "store/spare_files.h"
 
 namespace nbos::store {
 
 struct DirBlobStoreOptions {
   bool fsync = false;  // fsync each blob file and its directory before Put returns
+  // Spare files for large puts, in bytes at most; nullopt: kDefaultSpareBytes on tmpfs, none on
+  // other filesystems (where allocating a file's blocks does not allocate its page cache).
+  std::optional<size_t> spare_bytes;
 };
+
+inline constexpr size_t kDefaultSpareBytes = size_t{256} << 20;
 
 class DirBlobStore final : public BlobStore {
  public:
@@ -51,10 +64,14 @@ class DirBlobStore final : public BlobStore {
   Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
-  std::string Describe() const override;  // "dir:/root", plus "?fsync=1" when enabled
+  // "dir:/root", plus "?fsync=1" when enabled and "spare_mb=N" when set: a URL for OpenBlobStore.
+  std::string Describe() const override;
 
   // Where the blob with `key` lives (whether or not it exists). `key` must be valid.
   std::filesystem::path PathFor(std::string_view key) const;
+
+  // The spares of this store, made at its first large put; nullptr before that or without them.
+  const SpareFiles* spare_files() const { return spares_.get(); }
 
  private:
   DirBlobStore(std::filesystem::path root, DirBlobStoreOptions options)
@@ -64,9 +81,12 @@ class DirBlobStore final : public BlobStore {
   Status PutVerified(std::string_view key, std::string_view data);
   Status WriteAtomically(std::string_view key, std::string_view data);
   Result<std::string> PutWhileHashing(std::string_view data, int helpers);
+  SpareFiles* SparesForPut();
 
   const std::filesystem::path root_;
   const DirBlobStoreOptions options_;
+  std::once_flag spares_once_;
+  std::unique_ptr<SpareFiles> spares_;
 };
 
 }  // namespace nbos::store

@@ -3,12 +3,16 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "store/testing.h"
 
@@ -163,6 +167,79 @@ TEST(DirBlobStoreTest, FsyncOptionStillRoundTrips) {
   auto key = (*store)->Put(data);
   ASSERT_TRUE(key.ok()) << key.status().ToString();
   EXPECT_TRUE(*(*store)->Get(*key) == data);
+}
+
+// Waits until the store's spares hold one of `want` bytes totals (the refill thread is done), and
+// returns what they hold.
+size_t SettledSpareBytes(const DirBlobStore& store, std::vector<size_t> want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    const size_t now = store.spare_files()->spare_bytes();
+    if (std::find(want.begin(), want.end(), now) != want.end() ||
+        std::chrono::steady_clock::now() > deadline) {
+      return now;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST(DirBlobStoreTest, LargePutsWriteIntoSpareFilesAndLeaveNoOtherFile) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  // A RAM filesystem where there is one, as spares are meant for; they work on others too.
+  ScopedTempDir tmp("nbos-store", fs::is_directory("/dev/shm") ? "/dev/shm" : "");
+  auto store = DirBlobStore::Open(tmp.path(), {.spare_bytes = 64 * kMiB});
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->spare_files(), nullptr);  // made at the first large put
+  const std::string first = RandomBytes(8 * kMiB, 1);
+  auto first_key = (*store)->Put(first);
+  ASSERT_TRUE(first_key.ok()) << first_key.status().ToString();
+  ASSERT_NE((*store)->spare_files(), nullptr);
+  ASSERT_EQ(SettledSpareBytes(**store, {8 * kMiB}), 8 * kMiB);
+
+  // Smaller than the spare: the spare is trimmed to the blob. Had the put not taken it, the
+  // spares would settle at 8 + 3 MiB.
+  const std::string smaller = RandomBytes(3 * kMiB, 2);
+  auto smaller_key = (*store)->Put(smaller);
+  ASSERT_TRUE(smaller_key.ok()) << smaller_key.status().ToString();
+  EXPECT_EQ(SettledSpareBytes(**store, {3 * kMiB, 11 * kMiB}), 3 * kMiB);
+  // Larger than the spare: the put writes past its end.
+  const std::string larger = RandomBytes(5 * kMiB + 123, 3);
+  auto larger_key = (*store)->Put(larger);
+  ASSERT_TRUE(larger_key.ok()) << larger_key.status().ToString();
+  EXPECT_EQ(SettledSpareBytes(**store, {5 * kMiB + 123, 8 * kMiB + 123}), 5 * kMiB + 123);
+
+  for (const auto& [key, data] : {std::pair{*first_key, first}, std::pair{*smaller_key, smaller},
+                                  std::pair{*larger_key, larger}}) {
+    EXPECT_EQ(key, BlobKey(data));
+    EXPECT_EQ(fs::file_size((*store)->PathFor(key)), data.size());
+    auto got = (*store)->Get(key);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(*got == data);
+  }
+  // The same content again: found, and the spare it took is dropped.
+  ASSERT_TRUE((*store)->Put(larger).ok());
+  std::vector<std::string> expected = {first_key->substr(0, 2) + "/" + *first_key,
+                                       smaller_key->substr(0, 2) + "/" + *smaller_key,
+                                       larger_key->substr(0, 2) + "/" + *larger_key};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(Files(tmp.path()), expected);
+}
+
+TEST(DirBlobStoreTest, SparesAreOnByDefaultOnTmpfsOnly) {
+  const std::string data = RandomBytes(4 << 20);
+  for (std::string parent : {"/dev/shm", ""}) {
+    if (!parent.empty() && !fs::is_directory(parent)) continue;
+    ScopedTempDir tmp("nbos-store", parent);
+    struct statfs st {};
+    ASSERT_EQ(::statfs(tmp.path().c_str(), &st), 0);
+    const bool tmpfs = st.f_type == TMPFS_MAGIC;
+    auto store = DirBlobStore::Open(tmp.path());
+    ASSERT_TRUE((*store)->Put(data).ok());
+    EXPECT_EQ((*store)->spare_files() != nullptr, tmpfs) << tmp.path();
+    auto off = DirBlobStore::Open(tmp.path(), {.spare_bytes = 0});
+    ASSERT_TRUE((*off)->Put(RandomBytes(4 << 20, 9)).ok());
+    EXPECT_EQ((*off)->spare_files(), nullptr);
+  }
 }
 
 TEST(DirBlobStoreTest, OpenErrors) {

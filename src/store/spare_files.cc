@@ -1,0 +1,228 @@
+#include "store/spare_files.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <string>
+
+namespace nbos::store {
+
+namespace {
+
+// The refill thread also wakes this often to drop idle spares.
+constexpr auto kIdleCheckInterval = std::chrono::seconds(5);
+
+// A number from a one-line file, or nullopt ("max", missing, unreadable).
+std::optional<uint64_t> ReadNumber(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  uint64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// Limit less usage of this process's memory cgroup (v2, else v1's memory controller), or
+// nullopt where there is no limit or it cannot be read (a sandbox without /sys/fs/cgroup).
+std::optional<uint64_t> CgroupHeadroomBytes() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    // "0::/path" (v2) or "4:memory:/path" (v1).
+    const size_t first = line.find(':');
+    const size_t second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    std::optional<uint64_t> limit, usage;
+    if (controllers.empty()) {
+      limit = ReadNumber("/sys/fs/cgroup" + path + "/memory.max");
+      usage = ReadNumber("/sys/fs/cgroup" + path + "/memory.current");
+    } else if (controllers == "memory") {
+      limit = ReadNumber("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");
+      usage = ReadNumber("/sys/fs/cgroup/memory" + path + "/memory.usage_in_bytes");
+    }
+    if (limit && usage) return *limit > *usage ? *limit - *usage : 0;
+  }
+  return std::nullopt;
+}
+
+uint64_t MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> name >> kib) {
+    std::getline(in, unit);
+    if (name == "MemAvailable:") return kib * 1024;
+  }
+  return 0;  // unknown: make no spares
+}
+
+}  // namespace
+
+void SpareFile::Unmap() {
+  if (map != nullptr) ::munmap(map, allocated_bytes);
+  map = nullptr;
+}
+
+void SpareFile::Close() {
+  Unmap();
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t SpareFiles::MemoryHeadroomBytes() {
+  const uint64_t available = MemAvailableBytes();
+  const std::optional<uint64_t> cgroup = CgroupHeadroomBytes();
+  return cgroup ? std::min(available, *cgroup) : available;
+}
+
+SpareFiles::SpareFiles(std::filesystem::path dir, SpareFilesOptions options)
+    : dir_(std::move(dir)), options_(std::move(options)) {
+  last_take_ms_ = SteadyNowMs();
+  if (options_.refill_thread) refill_ = std::thread([this] { RefillLoop(); });
+}
+
+SpareFiles::~SpareFiles() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (refill_.joinable()) refill_.join();
+  std::lock_guard lock(mu_);
+  DropAllLocked();
+}
+
+std::optional<SpareFile> SpareFiles::Take(size_t bytes) {
+  std::optional<SpareFile> taken;
+  {
+    std::lock_guard lock(mu_);
+    last_take_ms_ = SteadyNowMs();
+    auto best = spares_.end();  // the smallest that fits
+    for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+      if (it->allocated_bytes >= bytes &&
+          (best == spares_.end() || it->allocated_bytes < best->allocated_bytes)) {
+        best = it;
+      }
+    }
+    if (best == spares_.end()) {  // else the largest
+      best = std::max_element(spares_.begin(), spares_.end(),
+                              [](const SpareFile& a, const SpareFile& b) {
+                                return a.allocated_bytes < b.allocated_bytes;
+                              });
+    }
+    if (best != spares_.end()) {
+      taken = *best;
+      spare_bytes_ -= best->allocated_bytes;
+      spares_.erase(best);
+    }
+    wanted_.push_back(std::min(bytes, options_.budget_bytes));
+    // Asking for more than the budget holds would only churn: the oldest wishes go.
+    size_t wanted_bytes = 0;
+    for (size_t w : wanted_) wanted_bytes += w;
+    while (wanted_bytes > options_.budget_bytes && !wanted_.empty()) {
+      wanted_bytes -= wanted_.front();
+      wanted_.pop_front();
+    }
+  }
+  wake_.notify_one();
+  return taken;
+}
+
+std::optional<SpareFile> SpareFiles::Allocate(size_t bytes) const {
+  const uint64_t headroom =
+      options_.memory_headroom_bytes ? options_.memory_headroom_bytes() : MemoryHeadroomBytes();
+  if (bytes == 0 || bytes > headroom / 4) return std::nullopt;
+  SpareFile spare;
+  spare.fd = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (spare.fd < 0) return std::nullopt;
+  spare.allocated_bytes = bytes;
+  // Mode 0 allocates (on tmpfs: zero-filled pages) and sets the size; a put that writes fewer
+  // bytes truncates the rest away.
+  void* map = MAP_FAILED;
+  if (::fallocate(spare.fd, 0, 0, static_cast<off_t>(bytes)) == 0) {
+    map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare.fd, 0);
+  }
+  if (map == MAP_FAILED) {
+    spare.Close();
+    return std::nullopt;
+  }
+  spare.map = static_cast<char*>(map);
+  // Touched from user space, page by page: MAP_POPULATE would fill the page tables from the
+  // kernel, which does not spare the put's own first touches where those tables are shadowed.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t offset = 0; offset < bytes; offset += page) {
+    static_cast<volatile char*>(spare.map)[offset] = 0;
+  }
+  return spare;
+}
+
+void SpareFiles::RefillOnce(int64_t now_ms) {
+  std::unique_lock lock(mu_);
+  if (now_ms - last_take_ms_ >= options_.idle_release_ms) {
+    DropAllLocked();
+    wanted_.clear();
+    return;
+  }
+  while (!wanted_.empty() && !stopping_) {
+    const size_t bytes = wanted_.front();
+    wanted_.pop_front();
+    while (!spares_.empty() && spare_bytes_ + bytes > options_.budget_bytes) {
+      spare_bytes_ -= spares_.front().allocated_bytes;
+      spares_.front().Close();
+      spares_.pop_front();
+    }
+    // Allocation is the slow part (the very cost spares exist to move): not under the lock.
+    lock.unlock();
+    std::optional<SpareFile> spare = Allocate(bytes);
+    lock.lock();
+    if (!spare) continue;
+    // A Take during the allocation may have made room too small again.
+    if (spare_bytes_ + spare->allocated_bytes > options_.budget_bytes) {
+      spare->Close();
+      continue;
+    }
+    spares_.push_back(*spare);
+    spare_bytes_ += spare->allocated_bytes;
+  }
+}
+
+void SpareFiles::RefillLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, kIdleCheckInterval, [this] { return stopping_ || !wanted_.empty(); });
+    if (stopping_) break;
+    lock.unlock();
+    RefillOnce(SteadyNowMs());
+    lock.lock();
+  }
+}
+
+void SpareFiles::DropAllLocked() {
+  for (SpareFile& spare : spares_) spare.Close();
+  spares_.clear();
+  spare_bytes_ = 0;
+}
+
+size_t SpareFiles::spare_bytes() const {
+  std::lock_guard lock(mu_);
+  return spare_bytes_;
+}
+
+size_t SpareFiles::spare_count() const {
+  std::lock_guard lock(mu_);
+  return spares_.size();
+}
+
+}  // namespace nbos::store
