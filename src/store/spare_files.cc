@@ -202,6 +202,13 @@ void SpareFiles::RefillLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     wake_.wait_for(lock, kIdleCheckInterval, [this] { return stopping_ || !wanted_.empty(); });
+    // Puts come in bursts (a cell's tensors, one after the other): allocating beside them would
+    // take the cores their hashing needs, so the refill waits for a pause.
+    for (int64_t quiet_ms = 0; !stopping_ && !wanted_.empty();) {
+      quiet_ms = SteadyNowMs() - last_take_ms_;
+      if (quiet_ms >= options_.refill_pause_ms) break;
+      wake_.wait_for(lock, std::chrono::milliseconds(options_.refill_pause_ms - quiet_ms));
+    }
     if (stopping_) break;
     lock.unlock();
     RefillOnce(SteadyNowMs());

@@ -47,6 +47,8 @@ namespace nbos::store {
 struct SpareFilesOptions {
   size_t budget_bytes = 0;
   int64_t idle_release_ms = 60'000;
+  // The refill thread allocates once no Take came for this long.
+  int64_t refill_pause_ms = 20;
   // Bytes this process may still allocate; the default reads its memory cgroup and
   // /proc/meminfo. Tests pass their own.
   std::function<uint64_t()> memory_headroom_bytes;

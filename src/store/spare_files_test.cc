@@ -143,6 +143,18 @@ TEST(SpareFilesTest, TheRefillThreadMakesWhatTakeAsksFor) {
   EXPECT_EQ(spares.spare_bytes(), 4 * kMiB);
 }
 
+TEST(SpareFilesTest, TheRefillThreadWaitsForAPauseInTakesAndStillStopsAtOnce) {
+  ScopedTempDir tmp("nbos-spares", RamParent());
+  SpareFilesOptions options;
+  options.budget_bytes = 64 * kMiB;
+  options.refill_pause_ms = 3'600'000;
+  SpareFiles spares(tmp.path(), options);
+  spares.Take(4 * kMiB);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a refill takes ~1 ms
+  EXPECT_EQ(spares.spare_count(), 0u);
+  // The destructor stops the thread in its hour-long wait (a hang would time the test out).
+}
+
 TEST(SpareFilesTest, MemoryHeadroomIsReadFromThisMachine) {
   EXPECT_GT(SpareFiles::MemoryHeadroomBytes(), 0u);
 }
