@@ -188,7 +188,7 @@ void SpareFiles::RefillOnce(int64_t now_ms) {
     std::optional<SpareFile> spare = Allocate(bytes);
     lock.lock();
     if (!spare) continue;
-    // A Take during the allocation may have made room too small again.
+    // Takes only free room; another RefillOnce (a test's, beside the thread) may have used it.
     if (spare_bytes_ + spare->allocated_bytes > options_.budget_bytes) {
       spare->Close();
       continue;
