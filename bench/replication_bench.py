@@ -333,7 +333,8 @@ def _read_line(s):
 class Cell:
     """The outcome of one execute_request sent to every endpoint of a kernel."""
 
-    def __init__(self, t_send, arrivals, replies, stdout):
+    def __init__(self, t_send, arrivals, replies, stdout, exec_id=None):
+        self.exec_id = exec_id
         self.t_send = t_send
         self.arrivals = arrivals  # id -> perf_counter() when the execute_reply arrived
         self.replies = replies    # id -> execute_reply message
@@ -353,9 +354,11 @@ class Cell:
         return t
 
 
-def run_cell(endpoints, code, target, timeout, store_history=True):
+def run_cell(endpoints, code, target, timeout, store_history=True, previous=None):
     """Sends `code` to every endpoint (target: the executor's replica id, or None for the
-    standalone kernel), times each execute_reply's arrival, then drains iopub up to idle."""
+    standalone kernel), times each execute_reply's arrival, then drains iopub up to idle.
+    `previous`: the exec id of the kernel's previous cell, which the gateway names so that its
+    executor may run this one ahead of its LEAD (decision 0012); None as after an abandoned cell."""
     import zmq
 
     exec_id = uuid.uuid4().hex
@@ -366,6 +369,8 @@ def run_cell(endpoints, code, target, timeout, store_history=True):
         m = ep.client.session.msg("execute_request", content)
         if target is not None:
             m["metadata"] = {"nbos": {"exec_id": exec_id, "target_replica": target}}
+            if previous is not None:
+                m["metadata"]["nbos"]["previous_exec_id"] = previous
         msgs[rid] = m
     poller = zmq.Poller()
     by_socket = {}
@@ -374,9 +379,12 @@ def run_cell(endpoints, code, target, timeout, store_history=True):
         poller.register(sock, zmq.POLLIN)
         by_socket[sock] = rid
 
+    # The executor's copy goes first, as the gateway sends it: signing and sending a copy takes
+    # this Python client about 0.1 ms, which a C++ gateway does not spend.
+    order = sorted(endpoints, key=lambda rid: rid != target)
     t_send = time.perf_counter()
-    for rid, ep in endpoints.items():
-        ep.client.shell_channel.send(msgs[rid])
+    for rid in order:
+        endpoints[rid].client.shell_channel.send(msgs[rid])
     deadline = t_send + timeout
     arrivals, replies = {}, {}
     while len(replies) < len(endpoints):
@@ -444,7 +452,7 @@ def run_cell(endpoints, code, target, timeout, store_history=True):
             if nb.get("executor") != target or nb.get("role") != want_role:
                 raise BenchError(f"{endpoints[rid].label}: expected executor {target}, got"
                                  f" metadata {nb}")
-    return Cell(t_send, arrivals, replies, "".join(stdout))
+    return Cell(t_send, arrivals, replies, "".join(stdout), exec_id)
 
 
 def check_converged(group):
@@ -488,7 +496,7 @@ def cpu_ms(pid):
 
 
 def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeout, modes,
-                  store_history):
+                  store_history, run_ahead=False):
     """Per mode: warm-up + n cells, each run on the replicated kernel and then on the
     standalone kernel (strictly alternating, so neither kernel gets two requests back to back:
     a kernel's previous cell's background work, e.g. IPython's history write, would otherwise
@@ -502,10 +510,12 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
         eps_all = {**group_eps, 0: next(iter(standalone_eps.values()))}
         cpu_before = {k: cpu_ms(e.proc.pid) for k, e in eps_all.items()}
         t0 = time.perf_counter()
+        previous = None
         for i in range(warmup + n):
             target = target_of(i)
             code = make_code(i)
-            c = run_cell(group_eps, code, target, timeout, store_history)
+            c = run_cell(group_eps, code, target, timeout, store_history, previous)
+            previous = c.exec_id if run_ahead else None
             t = c.timings(target)
             stand = [c.timings(r) for r in group_eps if r != target]
             row = {
@@ -516,6 +526,7 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
                 "run_ms": t.get("run"),
                 "commit_ms": t.get("commit"),
                 "standby_follow_ms": max(x.get("follow", float("nan")) for x in stand),
+                "ran_ahead": bool(c.replies[target]["metadata"].get("nbos", {}).get("ran_ahead")),
             }
             base_rtt = run_cell(standalone_eps, code, None, timeout, store_history).rtt_ms(0)
             if i + 1 == warmup:
@@ -534,6 +545,7 @@ def phase_latency(group_eps, standalone_eps, make_code, setup, n, warmup, timeou
                     "standby_follow_ms"):
             res[key] = summarize([r[key] for r in rows])
         res["standalone"] = summarize(base)
+        res["ran_ahead_share"] = sum(r["ran_ahead"] for r in rows) / max(1, len(rows))
         targets = sorted({r["target"] for r in rows})
         if len(targets) > 1:
             res["by_target"] = {
@@ -561,9 +573,11 @@ def phase_overhead(args, new_group, group, seps, modes):
         if g is not group:
             leader, follower, _ = find_leader(geps, args.timeout, args.store_history)
             modes = latency_modes(leader, follower)
-        r = phase_latency(geps, seps, lambda i: "pass", None, args.iterations, args.warmup,
-                          args.timeout, modes, args.store_history)
-        out.update({f"{mode}, {RAFT_LOG_PLACES[place]}": v for mode, v in r.items()})
+        for ahead in args.run_ahead:
+            r = phase_latency(geps, seps, lambda i: "pass", None, args.iterations, args.warmup,
+                              args.timeout, modes, args.store_history, ahead == "on")
+            suffix = "" if ahead == "on" else ", LEAD round first"
+            out.update({f"{mode}, {RAFT_LOG_PLACES[place]}{suffix}": v for mode, v in r.items()})
         if g is not group:
             g.close()
     return out
@@ -884,12 +898,14 @@ def report(res):
                          f(a["p99"]), f"{a['p50'] / b['p50']:.2f}x",
                          f"{a['mean'] / b['mean']:.2f}x", f(r["commit_ms"]["p50"]),
                          f(r["elect_ms"]["p50"]), f(r["all_replied_ms"]["p50"]),
+                         f"{100 * r.get('ran_ahead_share', 0):.0f}",
                          f(r["cpu_ms_per_cell"]["replicas"])])
             rows.append(["  standalone (alternating)", str(b["n"]), f(b["p50"]),
-                         f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", "",
+                         f(b["mean"]), f(b["p99"]), "1.00x", "1.00x", "", "", "", "",
                          f(r["cpu_ms_per_cell"]["standalone"])])
         out.append(table(["kernel", "n", "p50", "mean", "p99", "p50 ratio", "mean ratio",
-                          "commit p50", "elect p50", "all 3 replied p50", "CPU ms/cell"],
+                          "commit p50", "elect p50", "all 3 replied p50", "ran ahead %",
+                          "CPU ms/cell"],
                          rows))
         out.append("   CPU ms/cell = user + system CPU of the kernel's processes (all three"
                    " replicas for the replicated one) over the measured cells, per cell")
@@ -940,6 +956,11 @@ def parse_args(argv):
                         " directory in --shm-dir, as daemons do by default), disk (the work"
                         " directory); the first for every phase, and the overhead phase once"
                         " per entry")
+    p.add_argument("--run-ahead", default="on,off",
+                   help="overhead phase: on (replicas run with --run-ahead on, and requests name"
+                        " the previous cell as the gateway's do, so a sticky executor runs ahead"
+                        " of its LEAD: decision 0012), off (requests do not: the LEAD round"
+                        " first, nbos's default), or both (default)")
     p.add_argument("--phases", default="small,large,overhead",
                    help="comma-separated subset of small,large,overhead")
     p.add_argument("--redis-server", default="/usr/bin/redis-server")
@@ -968,6 +989,7 @@ def parse_args(argv):
     a.repeats = a.repeats if a.repeats is not None else (1 if q else 3)
     a.stores = [s.strip() for s in a.stores.split(",") if s.strip()]
     os.environ["NBOS_BLOB_HINTS"] = a.blob_hints  # read by the replicas the test Group starts
+    os.environ["KERNEL_RUN_AHEAD"] = "on"  # used only where a request names the previous cell
     a.phases = [s.strip() for s in a.phases.split(",") if s.strip()]
     if any(s not in ("dir", "shm", "redis") for s in a.stores):
         p.error("--stores: choose from dir, shm, redis")
@@ -975,6 +997,9 @@ def parse_args(argv):
     if not a.raft_logs or len(set(a.raft_logs)) != len(a.raft_logs) or any(
             s not in RAFT_LOG_PLACES for s in a.raft_logs):
         p.error("--raft-logs: one or both of ram, disk")
+    a.run_ahead = [s.strip() for s in a.run_ahead.split(",") if s.strip()]
+    if not a.run_ahead or any(s not in ("on", "off") for s in a.run_ahead):
+        p.error("--run-ahead: on, off or on,off")
     if any(s not in ("small", "large", "overhead") for s in a.phases):
         p.error("--phases: choose from small, large, overhead")
     if a.iterations < 1 or a.warmup < 0 or a.repeats < 1 or a.large_tensors < 1:

@@ -60,6 +60,14 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
           CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
       ->default_str("off")
       ->envname("NBOS_BLOB_HINTS");
+  cmd.add_option("--run-ahead", a.options.run_ahead,
+                 "on or off: as the target executor of a cell after one it ran, run the cell "
+                 "before its LEAD commits and commit the LEAD with its effects (decision 0012; "
+                 "a cell then also starts without a reachable majority)")
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("off")
+      ->envname("KERNEL_RUN_AHEAD");
   cmd.add_option("--restore-from", a.options.restore_from,
                  "Blob key of a checkpoint (nbos_checkpoint_request) a new group starts from")
       ->envname("NBOS_RESTORE_FROM");

@@ -392,6 +392,10 @@ void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
   nbos["exec_id"] = ExecutionId(options_.kernel_id, options_.execution_epoch, sequence_);
   nbos["target_replica"] = plan.target_replica;
   nbos["gpu_ids"] = plan.device_ids;
+  // The cell answered last, with none abandoned since: its executor, if targeted again, may run
+  // this one before its LEAD commits (decision 0012). Only the gateway may say so.
+  nbos.erase("previous_exec_id");
+  if (!previous_exec_id_.empty()) nbos["previous_exec_id"] = previous_exec_id_;
   head.request.metadata["nbos"] = nbos;
   InFlight f;
   f.msg_id = head.request.msg_id();
@@ -465,6 +469,9 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   InFlight done = std::move(*in_flight_);
   in_flight_.reset();
   last_reply_us_ = now_us_;
+  // A lost executor may still commit the cell's effects later.
+  const std::string ename = StringField(reply->content, "ename");
+  previous_exec_id_ = ename == "ExecutorLost" ? "" : done.exec_id;
   if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
   auto nbos_it = reply->metadata.find("nbos");
   if (nbos_it == reply->metadata.end() || !nbos_it->is_object()) {
@@ -494,6 +501,7 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   // the executor choice, sticky, gave it: the next cell goes to another replica.
   unreplicated_executor_ = 0;
   if (StringField(reply->content, "ename") == "ReplicationError") {
+    previous_exec_id_.clear();
     CancelEverywhere(done.exec_id, done.plan.target_replica, out);
     unreplicated_executor_ = done.plan.target_replica;
   }
@@ -754,6 +762,7 @@ void KernelRouter::OnQuorumCancelReply(const Message& reply, Effects* out) {
 void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
   InFlight cancelled = std::move(*in_flight_);
   in_flight_.reset();
+  previous_exec_id_.clear();  // the cell may still commit its effects, later
   if (!cancelled.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{cancelled.plan});
   CancelEverywhere(cancelled.exec_id, cancelled.plan.target_replica, out);  // the target knows
   const bool busy_sent = merger_.Abandon(cancelled.msg_id);
@@ -784,6 +793,7 @@ std::string KernelRouter::SendCancel(ReplicaId to, const std::string& exec_id, E
 // Answers the in-flight execution on the replicas' behalf when none of them can.
 void KernelRouter::FailInFlight(const std::string& why, Effects* out) {
   const Json header = in_flight_->header;
+  previous_exec_id_.clear();
   Message reply = factory_.Make("execute_reply",
                                 Json{{"status", "error"},
                                      {"ename", "ExecutorLost"},

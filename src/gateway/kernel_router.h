@@ -16,11 +16,12 @@
 // - Shell requests are served in arrival order, at most `max_queued_requests` waiting. An
 //   execute_request waits for the previous one's reply, then for a plan (PlanWanted ->
 //   PlanDone: an executor whose server granted the GPUs); it then goes to every live replica
-//   with metadata nbos.{exec_id, target_replica, gpu_ids}. Its grant is released
-//   (GrantReleaseWanted) when the reply arrives, the request is failed, or the router closes. A
-//   plan that is nullopt is asked again after `replan_interval_ms` (TimerWanted); a plan error
-//   fails the request with that error. Other shell requests go to the primary replica (the last
-//   executor) at once; comm messages have no reply and are not tracked.
+//   with metadata nbos.{exec_id, target_replica, gpu_ids} and previous_exec_id: the cell
+//   answered before it, unless one was abandoned or failed since (decision 0012). Its grant is
+//   released (GrantReleaseWanted) when the reply arrives, the request is failed, or the router
+//   closes. A plan that is nullopt is asked again after `replan_interval_ms` (TimerWanted); a plan
+//   error fails the request with that error. Other shell requests go to the primary replica (the
+//   last executor) at once; comm messages have no reply and are not tracked.
 // - Waiting shows: while the head execute_request waits for an executor (a plan of nullopt, held
 //   executions, a suspended kernel starting again, a previous gateway's cell still running),
 //   every client sees one status line under the request's header (after a busy status the
@@ -429,6 +430,8 @@ class KernelRouter {
   std::map<std::string, ReplicaId> control_to_;    // request msg_id -> replica it went to
   ReplicaId executor_ = 0;
   ReplicaId unreplicated_executor_ = 0;  // answered ReplicationError for the last cell
+  // The last cell answered through its replicas; empty after one that was abandoned or failed.
+  std::string previous_exec_id_;
   int64_t last_activity_us_ = 0;
   Stats stats_;
 };

@@ -138,23 +138,18 @@ void KernelStateMachine::Apply(std::string_view command) {
     if (listener_) listener_->OnDuplicateSkipped(e);
     return;
   }
+  const bool effect = e.type == KernelEntry::Type::kDelta ||
+                      e.type == KernelEntry::Type::kSideEffect ||
+                      e.type == KernelEntry::Type::kDone;
+  if (effect && FromLoser(e)) {
+    ++losers_skipped_;
+    return;
+  }
   switch (e.type) {
     case KernelEntry::Type::kLead:
-    case KernelEntry::Type::kYield: {
-      Election& election = ElectionSlot(e.exec_id);
-      if (election.winner || election.failed) return;  // decided: late proposals change nothing
-      auto& list = e.type == KernelEntry::Type::kLead ? election.leads : election.yields;
-      if (Contains(election.leads, e.replica) || Contains(election.yields, e.replica)) return;
-      list.push_back(e.replica);
-      if (e.type == KernelEntry::Type::kLead) {
-        election.winner = e.replica;
-        if (listener_) listener_->OnElected(e.exec_id, e.replica);
-      } else if (election.yields.size() >= replicas_) {
-        election.failed = true;
-        if (listener_) listener_->OnAllYielded(e.exec_id);
-      }
+    case KernelEntry::Type::kYield:
+      ApplyProposal(e);
       return;
-    }
     case KernelEntry::Type::kDelta:
       journal_.push_back({e.type, e.exec_id, e.payload});
       ++journal_total_;
@@ -186,6 +181,36 @@ void KernelStateMachine::Apply(std::string_view command) {
   }
 }
 
+void KernelStateMachine::ApplyProposal(const KernelEntry& e) {
+  Election& election = ElectionSlot(e.exec_id);
+  if (election.winner || election.failed) return;  // decided: late proposals change nothing
+  auto& list = e.type == KernelEntry::Type::kLead ? election.leads : election.yields;
+  if (Contains(election.leads, e.replica) || Contains(election.yields, e.replica)) return;
+  list.push_back(e.replica);
+  if (e.type == KernelEntry::Type::kLead) {
+    const auto ran_on = e.meta.find("ran_on");
+    if (ran_on != e.meta.end() &&
+        !(ran_on->is_number_unsigned() && ran_on->get<uint64_t>() == journal_total_)) {
+      // The cell ran on a namespace that lacks effects committed before this LEAD: applying
+      // its delta on top of them would make the replicas differ from what it computed.
+      election.failed = election.overtaken = true;
+      if (listener_) listener_->OnAllYielded(e.exec_id);
+      return;
+    }
+    election.winner = e.replica;
+    if (listener_) listener_->OnElected(e.exec_id, e.replica);
+  } else if (election.yields.size() >= replicas_) {
+    election.failed = true;
+    if (listener_) listener_->OnAllYielded(e.exec_id);
+  }
+}
+
+bool KernelStateMachine::FromLoser(const KernelEntry& e) const {
+  auto it = elections_.find(e.exec_id);
+  if (it == elections_.end()) return false;  // forgotten long ago, or an entry without election
+  return it->second.failed || (it->second.winner && *it->second.winner != e.replica);
+}
+
 std::string KernelStateMachine::Snapshot() {
   // Checkpoint and journal are binary: they travel as payloads of entries in a length-prefixed
   // sequence, with the small election table and the window of applied proposal ids in the first
@@ -196,6 +221,7 @@ std::string KernelStateMachine::Snapshot() {
     elections.push_back(Json{{"id", id},
                              {"winner", el.winner ? Json(*el.winner) : Json()},
                              {"failed", el.failed},
+                             {"overtaken", el.overtaken},
                              {"leads", el.leads},
                              {"yields", el.yields}});
   }
@@ -239,6 +265,7 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
     Election e;
     if (!el.value("winner", Json()).is_null()) e.winner = el["winner"].get<ReplicaId>();
     e.failed = el.value("failed", false);
+    e.overtaken = el.value("overtaken", false);
     e.leads = el.value("leads", std::vector<ReplicaId>{});
     e.yields = el.value("yields", std::vector<ReplicaId>{});
     std::string id = el.value("id", "");

@@ -30,7 +30,8 @@ using ReplicaId = replication::ServerId;
 
 struct KernelEntry {
   enum class Type : uint8_t {
-    kLead = 1,        // this replica can execute the cell now
+    kLead = 1,        // this replica can execute the cell now; with meta.ran_on (see
+                      // KernelStateMachine), it already ran it
     kYield = 2,       // it cannot (or another replica was targeted)
     kDelta = 3,       // namespace delta of a finished cell (payload)
     kDone = 4,        // the execution is finished and its effects are all in the log before this
@@ -72,9 +73,16 @@ class ProposalIds {
 
 // Outcome of one execution's election, identical on every replica because it is derived from the
 // log order alone: the first committed LEAD wins; if every replica YIELDs first, it failed.
+//
+// A LEAD may carry meta.ran_on: the journal_total() of the namespace its replica already ran the
+// cell on (an optimistic executor, DESIGN.md §3 as amended by decision 0012). It wins only if the
+// log's journal_total() is still that number where the LEAD lands, i.e. no other cell's effects
+// were committed in between; otherwise the election fails (`overtaken`) and the cell's delta,
+// side effects and Done, which follow it, change nothing anywhere.
 struct Election {
   std::optional<ReplicaId> winner;
-  bool failed = false;  // all replicas yielded
+  bool failed = false;     // all replicas yielded, or an optimistic LEAD was overtaken
+  bool overtaken = false;  // failed because an optimistic LEAD's namespace was out of date
   std::vector<ReplicaId> leads;
   std::vector<ReplicaId> yields;
 };
@@ -87,6 +95,8 @@ struct JournalRecord {
   bool operator==(const JournalRecord&) const = default;
 };
 
+// Deltas, side effects and Dones of an execution whose election this machine still remembers
+// count only if their replica won it: an overtaken optimistic executor's effects are skipped.
 class KernelStateMachine final : public replication::StateMachine {
  public:
   // Called on the log's thread, in log order, with the decisions each entry caused.
@@ -132,6 +142,8 @@ class KernelStateMachine final : public replication::StateMachine {
   uint64_t malformed_entries() const { return malformed_entries_; }
   // Entries skipped because their proposal id had already been applied.
   uint64_t duplicates_skipped() const { return duplicates_skipped_; }
+  // Deltas, side effects and Dones skipped because their replica did not win the election.
+  uint64_t losers_skipped() const { return losers_skipped_; }
   // The window of applied proposal ids, oldest first.
   const std::deque<std::string>& applied_ids() const { return applied_id_order_; }
 
@@ -147,6 +159,9 @@ class KernelStateMachine final : public replication::StateMachine {
   Election& ElectionSlot(const std::string& exec_id);
   // Records `id` as applied; false if it already was (the entry must be skipped).
   bool FirstApplication(const std::string& id);
+  void ApplyProposal(const KernelEntry& e);
+  // Whether a delta, side effect or Done of `e.replica` for `e.exec_id` must be skipped.
+  bool FromLoser(const KernelEntry& e) const;
 
   size_t replicas_;
   Listener* listener_;
@@ -160,6 +175,7 @@ class KernelStateMachine final : public replication::StateMachine {
   std::unordered_set<std::string> applied_ids_;
   std::deque<std::string> applied_id_order_;  // the same ids, oldest first
   uint64_t duplicates_skipped_ = 0;
+  uint64_t losers_skipped_ = 0;
 };
 
 }  // namespace nbos::replica

@@ -133,6 +133,68 @@ TEST(KernelStateMachineTest, AllYieldedFailsTheAttempt) {
   EXPECT_TRUE(m.ElectionFor("e1")->failed);
 }
 
+std::string LeadRanOn(const std::string& id, ReplicaId r, uint64_t journal_total) {
+  return EncodeKernelEntry({KernelEntry::Type::kLead, id, r, Json{{"ran_on", journal_total}}, ""});
+}
+
+TEST(KernelStateMachineTest, OptimisticLeadOnTheCurrentNamespaceWins) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Lead("e1", 1));
+  m.Apply(Delta("e1", 1, "a=1"));
+  m.Apply(Done("e1", 1));
+  m.Apply(LeadRanOn("e2", 1, 1));  // ran on the namespace with e1's delta
+  m.Apply(Delta("e2", 1, "b=2"));
+  m.Apply(Done("e2", 1));
+  EXPECT_EQ(m.journal_total(), 2u);
+  EXPECT_EQ(m.ElectionFor("e2")->winner, ReplicaId{1});
+  EXPECT_EQ(m.losers_skipped(), 0u);
+  EXPECT_EQ(r.events.back(), "done e2 1 {\"status\":\"ok\"}");
+}
+
+TEST(KernelStateMachineTest, OvertakenOptimisticLeadFailsAndItsEffectsAreSkipped) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  // Replica 1 ran e2 on an empty namespace; replica 2's e1 committed its delta first.
+  m.Apply(Lead("e1", 2));
+  m.Apply(Delta("e1", 2, "a=1"));
+  m.Apply(Done("e1", 2));
+  r.events.clear();
+  m.Apply(LeadRanOn("e2", 1, 0));
+  m.Apply(Delta("e2", 1, "b=2"));
+  m.Apply(EncodeKernelEntry({KernelEntry::Type::kSideEffect, "e2", 1, Json::object(), "%cd /"}));
+  m.Apply(Done("e2", 1));
+  m.Apply(Lead("e2", 3));  // the election is over: a later LEAD changes nothing
+  EXPECT_EQ(r.events, (std::vector<std::string>{"all-yielded e2"}));
+  auto el = m.ElectionFor("e2");
+  EXPECT_TRUE(el->failed);
+  EXPECT_TRUE(el->overtaken);
+  EXPECT_FALSE(el->winner.has_value());
+  EXPECT_EQ(m.journal_total(), 1u);
+  EXPECT_EQ(m.executions_done(), 1u);
+  EXPECT_EQ(m.losers_skipped(), 3u);
+  // Every replica restored from a snapshot decides the same for entries still to come.
+  KernelStateMachine restored(3, nullptr);
+  ASSERT_TRUE(restored.Restore(m.Snapshot()).ok());
+  EXPECT_TRUE(restored.ElectionFor("e2")->overtaken);
+  restored.Apply(Delta("e2", 1, "b=2"));
+  EXPECT_EQ(restored.journal_total(), 1u);
+  // A malformed version number is as good as an out-of-date one.
+  m.Apply(EncodeKernelEntry({KernelEntry::Type::kLead, "e3", 1, Json{{"ran_on", "1"}}, ""}));
+  EXPECT_TRUE(m.ElectionFor("e3")->overtaken);
+}
+
+TEST(KernelStateMachineTest, EffectsOfAReplicaThatDidNotWinAreSkipped) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Lead("e1", 2));
+  m.Apply(Delta("e1", 3, "x=1"));
+  m.Apply(Done("e1", 3));
+  m.Apply(Delta("e9", 3, "y=1"));  // no election known: applied as before
+  EXPECT_EQ(r.events, (std::vector<std::string>{"elected e1 2", "delta e9 3 y=1"}));
+  EXPECT_EQ(m.losers_skipped(), 2u);
+}
+
 TEST(KernelStateMachineTest, MalformedEntriesAreSkippedAndCounted) {
   Recorder r;
   KernelStateMachine m(3, &r);

@@ -412,6 +412,19 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
     if (nbos["target_replica"].is_number_unsigned()) target = nbos["target_replica"];
     lead = target == options_.replica_id;
   }
+  if (target == options_.replica_id && RunsAhead(nbos, d.exec_id)) {
+    d.executor = options_.replica_id;
+    std::lock_guard lock(mu_);
+    if (cancelled_.count(d.exec_id) > 0) {
+      run_ahead_.reset();
+      d.role = Role::kCancelled;
+      return d;
+    }
+    d.role = Role::kExecute;
+    started_ = d.exec_id;
+    if (announcer_) announcer_->Open(d.exec_id);
+    return d;
+  }
   // A YIELD decides nothing while a member was targeted: only its LEAD ends the election (or
   // a cancel, if it is gone), so the others wait without adding two entries to every cell's
   // round. A target that is no member gets the YIELDs that fail the election.
@@ -446,6 +459,28 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   return d;
 }
 
+// Running ahead skips the LEAD's round trip before the cell (decision 0012). It is safe whatever
+// happened meanwhile, because the LEAD that follows the cell names the namespace it ran on and
+// loses if the log holds other effects by then. The gateway's previous_exec_id (the cell it last
+// had answered, with nothing abandoned since) keeps that from happening in the normal course: the
+// previous cell ran here, and once its own Done is applied here, no other cell's effects are due.
+bool ReplicaGate::RunsAhead(const Json& nbos, const std::string& exec_id) {
+  run_ahead_.reset();
+  const Json previous = nbos.value("previous_exec_id", Json());
+  if (!options_.run_ahead || !previous.is_string() || !behind_why_.empty() ||
+      executed_here_.count(previous.get<std::string>()) == 0 || outcomes_.count(exec_id) > 0) {
+    return false;
+  }
+  // A follower executor learns that its own last Done committed one message after the leader.
+  const std::string& prev = previous.get_ref<const std::string&>();
+  if (!WaitFor([&] { return done_.count(prev) > 0; }, exec_id, options_.run_ahead_wait) ||
+      outcomes_.count(exec_id) > 0 || !behind_why_.empty() || !IsMember(options_.replica_id)) {
+    return false;
+  }
+  run_ahead_ = RunAhead{exec_id, journal_seen_};
+  return true;
+}
+
 Status ReplicaGate::CatchUp() {
   if (behind_why_.empty()) return Status::Ok();
   spdlog::warn("this replica's namespace lacks effects it could not apply ({}); rebuilding it",
@@ -464,6 +499,12 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   if (announcer_) announcer_->Close();  // its hints are in the log before the delta
   // Delta, side effects and Done go out together: one round trip to the leader.
   std::vector<std::string> entries;
+  const bool ran_ahead = run_ahead_ && run_ahead_->exec_id == decision.exec_id;
+  if (ran_ahead) {
+    entries.push_back(EncodeWithId({KernelEntry::Type::kLead, decision.exec_id, options_.replica_id,
+                                    Json{{"ran_on", run_ahead_->ran_on}}, ""}));
+  }
+  run_ahead_.reset();
   auto delta = engine_->TakeDelta();
   // The delta was made while the cell ran (a store failing then puts its data inline), so this
   // fails only on an engine error. A rebuild of the namespace would most likely fail the same
@@ -490,6 +531,10 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
   if (!committed.ok()) return ReturnToReplicatedState(decision.exec_id, committed.status());
+  if (ran_ahead) {
+    if (Status s = CheckRanAheadWon(decision.exec_id); !s.ok())
+      return ReturnToReplicatedState(decision.exec_id, s);
+  }
   // ProposeAll returns once the leader applied the entries, so they are committed and the reply
   // may go out. This namespace already holds the effects; a follower learns of the commit only
   // with the leader's next message, and waiting for that would add a heartbeat to every reply.
@@ -500,6 +545,21 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   want_leadership_ = options_.lead_follows_executor && ++executed_in_a_row_ >= 2;
   ProcessEvents();
   return Status::Ok();
+}
+
+// The LEAD committed with the cell's effects decides whether they count: a follower learns of
+// the commit a message after the leader, which already applied it.
+Status ReplicaGate::CheckRanAheadWon(const std::string& exec_id) {
+  // Not cancellable: the entries are committed, the outcome is on its way.
+  if (!WaitFor([&] { return outcomes_.count(exec_id) > 0; }, "", options_.propose_timeout)) {
+    return Unavailable(
+        "the cell's effects were committed, but whether they count (its LEAD) "
+        "did not reach this replica in time");
+  }
+  if (outcomes_.at(exec_id).get<ReplicaId>() == options_.replica_id) return Status::Ok();
+  return Unavailable(
+      "another cell's effects reached the log while this cell ran, so this cell's effects were "
+      "discarded on every replica (run it again)");
 }
 
 // Keeping effects the log may not hold would leave this replica ahead of the others for good,
@@ -655,6 +715,9 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
                 {"replica", options_.replica_id},
                 {"executor", decision.executor},
                 {"role", decision.role == Role::kExecute ? "executor" : "standby"},
+                // Whether the executor ran the cell before its LEAD committed (decision 0012).
+                {"ran_ahead", decision.role == Role::kExecute && run_ahead_ &&
+                                  run_ahead_->exec_id == decision.exec_id},
                 // From the process's start to this cell's election: blob keys this replica
                 // announced as an executor and was told of as a standby, and blobs it took from
                 // the prefetched ones.

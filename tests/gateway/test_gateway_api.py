@@ -140,6 +140,31 @@ def test_execute_reply_says_who_ran_the_cell_with_which_gpus(cluster):
     assert all(s["gpus_committed"] == 0 for s in cluster.get("/api/nbos/cluster")["servers"])
 
 
+def test_a_kernel_with_kernel_run_ahead_runs_repeat_cells_ahead_of_the_election(cluster):
+    """KERNEL_RUN_AHEAD=on reaches the replicas, and the gateway names each previous cell, so a
+    repeat executor runs its cell before its LEAD commits (decision 0012); other kernels do not."""
+    ahead = cluster.start_kernel({"KERNEL_RUN_AHEAD": "on"})
+    plain = cluster.start_kernel()
+    try:
+        for kernel_id, want in ((ahead, [False, True, True]), (plain, [False, False, False])):
+            ks = KernelSocket(cluster.url, kernel_id, cluster.token)
+            seen = []
+            for code in ("x = 1", "x += 1", "print(x)"):
+                reply, iopub = ks.execute(code)
+                assert reply["content"]["status"] == "ok", reply["content"]
+                seen.append(reply["metadata"]["nbos"]["ran_ahead"])
+            assert seen == want, (kernel_id, seen)
+            assert [m["content"]["text"] for m in iopub if m["msg_type"] == "stream"] == ["2\n"]
+            # A standby holds what the executor computed.
+            standby = 1 + reply["metadata"]["nbos"]["executor"] % 3
+            reply, iopub = ks.execute("print(x)", metadata={"nbos": {"target_replica": standby}})
+            assert [m["content"]["text"] for m in iopub if m["msg_type"] == "stream"] == ["2\n"]
+            ks.close()
+    finally:
+        for kernel_id in (ahead, plain):
+            cluster.request("DELETE", f"/api/kernels/{kernel_id}")
+
+
 def urllib_get(cluster, path):
     import urllib.request
     req = urllib.request.Request(cluster.url + path,

@@ -147,8 +147,10 @@ class Group:
     def live(self):
         return [r for r in self.replicas.values() if r.alive()]
 
-    def send_execute(self, code, target, replicas=None, user_expressions=None):
-        exec_id = uuid.uuid4().hex
+    def send_execute(self, code, target, replicas=None, user_expressions=None, previous=None,
+                     exec_id=None):
+        """`previous`: the exec id of the cell before, as the gateway names it (decision 0012)."""
+        exec_id = exec_id or uuid.uuid4().hex
         sent = {}
         for r in replicas or self.live():
             content = {"code": code, "silent": False, "store_history": True,
@@ -156,6 +158,8 @@ class Group:
                        "stop_on_error": True}
             msg = r.client.session.msg("execute_request", content)
             msg["metadata"] = {"nbos": {"exec_id": exec_id, "target_replica": target}}
+            if previous is not None:
+                msg["metadata"]["nbos"]["previous_exec_id"] = previous
             r.client.shell_channel.send(msg)
             sent[r.id] = msg["header"]["msg_id"]
         return exec_id, sent
@@ -335,6 +339,68 @@ def test_only_the_targeted_replica_proposes_in_an_election(group):
         assert (e["winner"], e["leads"], e["yields"]) == (target, [target], []), e
     e = elections[exec_ids[99]]
     assert e["failed"] and sorted(e["yields"]) == [1, 2, 3] and not e["leads"], e
+    # Named the cell it ran before, a replica without --run-ahead still waits for its LEAD.
+    _, sent = group.send_execute("pass", 1, previous=exec_ids[1])
+    assert not check_cell(group.collect(sent), 1)[0]["metadata"]["nbos"]["ran_ahead"]
+
+
+@pytest.fixture
+def ahead_group(kernelspec_dir):
+    g = Group(extra_args=["--run-ahead", "on"])
+    yield g
+    g.close()
+
+
+def test_a_sticky_executor_runs_ahead_of_its_lead(ahead_group):
+    """Named the previous cell, which it ran, the target runs the cell before its LEAD commits
+    and commits the LEAD with the effects; a replica that did not run the previous cell takes the
+    LEAD round first. Without --run-ahead (the default) it never does."""
+    group = ahead_group
+    first, sent = group.send_execute("x = 1", 1)
+    assert not check_cell(group.collect(sent), 1)[0]["metadata"]["nbos"]["ran_ahead"]
+    second, sent = group.send_execute("x += 1\nprint(x)", 1, previous=first)
+    reply, outputs = check_cell(group.collect(sent), 1)
+    assert reply["metadata"]["nbos"]["ran_ahead"] and stream_text(outputs) == "2\n"
+    _, sent = group.send_execute("x *= 10", 2, previous=second)
+    assert not check_cell(group.collect(sent), 2)[0]["metadata"]["nbos"]["ran_ahead"]
+    results = group.execute("print(x)", 3)
+    assert stream_text(check_cell(results, 3)[1]) == "20\n"
+    group.assert_converged()
+    e = election_table(group, 2)[second]
+    assert (e["winner"], e["leads"], e["overtaken"]) == (1, [1], False), e
+
+
+def test_a_cell_run_ahead_on_an_out_of_date_namespace_is_discarded_everywhere(ahead_group):
+    """Replica 1 runs cell B ahead of its LEAD while replica 2's cell C commits: B's LEAD lands
+    after C's effects, so B's election fails on every replica, its effects count nowhere, and
+    replica 1 goes back to the replicated state (with C's effects) and says so."""
+    group = ahead_group
+    first, sent = group.send_execute("y = 0", 1)
+    check_cell(group.collect(sent), 1)
+    r1, r2, r3 = (group.replicas[i] for i in (1, 2, 3))
+    b = uuid.uuid4().hex
+    _, sent_b = group.send_execute("import time\ntime.sleep(2)\ny = 'B'\nz = 1", 1,
+                                   replicas=[r1], previous=first, exec_id=b)
+    time.sleep(0.5)  # replica 1 runs B
+    _, sent_c = group.send_execute("y = 'C'", 2)
+    _, sent_b_rest = group.send_execute("import time\ntime.sleep(2)\ny = 'B'\nz = 1", 1,
+                                        replicas=[r2, r3], previous=first, exec_id=b)
+    # Each replica answers in the order it took the requests (collect drops other replies).
+    results_c = group.collect({rid: sent_c[rid] for rid in (2, 3)})
+    results_b = group.collect({**sent_b, **sent_b_rest})
+    results_c.update(group.collect({1: sent_c[1]}))
+    reply_b = results_b[1][0]
+    assert reply_b["content"]["ename"] == "ReplicationError", reply_b["content"]
+    assert "another cell's effects" in reply_b["content"]["evalue"]
+    assert reply_b["metadata"]["nbos"]["ran_ahead"]
+    for rid in (2, 3):
+        assert results_b[rid][0]["content"]["ename"] == "NoReplicaCanExecute", results_b[rid]
+    check_cell(results_c, 2)
+    e = election_table(group, 3)[b]
+    assert e["failed"] and e["overtaken"] and e["winner"] is None, e
+    results = group.execute("print(y, 'z' in globals())", 1)
+    assert stream_text(check_cell(results, 1)[1]) == "C False\n"
+    group.assert_converged()
 
 
 def test_standby_killed_and_restarted_catches_up(group):
