@@ -137,12 +137,17 @@ std::string LeadRanOn(const std::string& id, ReplicaId r, uint64_t journal_total
   return EncodeKernelEntry({KernelEntry::Type::kLead, id, r, Json{{"ran_on", journal_total}}, ""});
 }
 
+// One cell executed by `r` after the LEAD round: LEAD, delta, Done.
+void ApplyCell(KernelStateMachine& m, const std::string& id, ReplicaId r, std::string delta) {
+  m.Apply(Lead(id, r));
+  m.Apply(Delta(id, r, std::move(delta)));
+  m.Apply(Done(id, r));
+}
+
 TEST(KernelStateMachineTest, OptimisticLeadOnTheCurrentNamespaceWins) {
   Recorder r;
   KernelStateMachine m(3, &r);
-  m.Apply(Lead("e1", 1));
-  m.Apply(Delta("e1", 1, "a=1"));
-  m.Apply(Done("e1", 1));
+  ApplyCell(m, "e1", 1, "a=1");
   m.Apply(LeadRanOn("e2", 1, 1));  // ran on the namespace with e1's delta
   m.Apply(Delta("e2", 1, "b=2"));
   m.Apply(Done("e2", 1));
@@ -156,9 +161,7 @@ TEST(KernelStateMachineTest, OvertakenOptimisticLeadFailsAndItsEffectsAreSkipped
   Recorder r;
   KernelStateMachine m(3, &r);
   // Replica 1 ran e2 on an empty namespace; replica 2's e1 committed its delta first.
-  m.Apply(Lead("e1", 2));
-  m.Apply(Delta("e1", 2, "a=1"));
-  m.Apply(Done("e1", 2));
+  ApplyCell(m, "e1", 2, "a=1");
   r.events.clear();
   m.Apply(LeadRanOn("e2", 1, 0));
   m.Apply(Delta("e2", 1, "b=2"));
