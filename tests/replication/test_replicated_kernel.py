@@ -401,6 +401,11 @@ def test_a_cell_run_ahead_on_an_out_of_date_namespace_is_discarded_everywhere(ah
     results = group.execute("print(y, 'z' in globals())", 1)
     assert stream_text(check_cell(results, 1)[1]) == "C False\n"
     group.assert_converged()
+    # Replica 1's history holds the log's cells: C took the line B had used.
+    history = r1.request("history_request", {"hist_access_type": "range", "session": 0,
+                                             "start": 1, "raw": True, "output": False})
+    assert [code for _, _, code in history["content"]["history"]] == [
+        "y = 0", "y = 'C'", "print(y, 'z' in globals())"], history["content"]
 
 
 def test_standby_killed_and_restarted_catches_up(group):

@@ -7,6 +7,7 @@ signatures and threads; this module owns Python semantics and builds message *co
 """
 
 import builtins
+import contextlib
 import getpass
 import json
 import os
@@ -621,6 +622,25 @@ class _HistoryConnection(sqlite3.Connection):
         self.execute("PRAGMA synchronous = OFF")
 
 
+def _forget_history_from(hm, line):
+    """Drops this session's history from `line` on. A cell this replica ran whose effects never
+    reached the log (they could not be committed, or another cell's came first) used the line
+    that the log's cell now takes; IPython would otherwise refuse the duplicate line when it
+    writes the cache, print an error into a later cell's output and move to a new session."""
+    if len(hm.input_hist_parsed) <= line:
+        return  # the usual case: the log's cells are all this replica has stored
+    del hm.input_hist_parsed[line:]
+    del hm.input_hist_raw[line:]
+    with hm.db_input_cache_lock:
+        hm.db_input_cache = [e for e in hm.db_input_cache if e[0] < line]
+    with hm.db_output_cache_lock:
+        hm.db_output_cache = [e for e in hm.db_output_cache if e[0] < line]
+    for table in ("history", "output_history"):
+        with contextlib.suppress(Exception), hm.db:
+            hm.db.execute(f"DELETE FROM {table} WHERE session = ? AND line >= ?",
+                          (hm.session_number, line))
+
+
 class Engine:
     """One per process. C++ calls handle() on the main thread with the GIL held."""
 
@@ -889,6 +909,7 @@ class Engine:
             each_cell = hm.db_cache_size
             try:
                 hm.db_cache_size = max(each_cell, _STANDBY_HISTORY_BATCH)
+                _forget_history_from(hm, count)
                 hm.store_inputs(count, code, code)
             except Exception:
                 pass
