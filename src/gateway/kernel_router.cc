@@ -469,9 +469,10 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   InFlight done = std::move(*in_flight_);
   in_flight_.reset();
   last_reply_us_ = now_us_;
-  // A lost executor may still commit the cell's effects later.
+  // A lost executor, or one that could not replicate the cell, may still commit its effects.
   const std::string ename = StringField(reply->content, "ename");
-  previous_exec_id_ = ename == "ExecutorLost" ? "" : done.exec_id;
+  const bool unsettled = ename == "ExecutorLost" || ename == "ReplicationError";
+  previous_exec_id_ = unsettled ? "" : done.exec_id;
   if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
   auto nbos_it = reply->metadata.find("nbos");
   if (nbos_it == reply->metadata.end() || !nbos_it->is_object()) {
@@ -500,8 +501,7 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   // apply an earlier cell's effects answers so before it runs a cell, and would for every cell
   // the executor choice, sticky, gave it: the next cell goes to another replica.
   unreplicated_executor_ = 0;
-  if (StringField(reply->content, "ename") == "ReplicationError") {
-    previous_exec_id_.clear();
+  if (ename == "ReplicationError") {
     CancelEverywhere(done.exec_id, done.plan.target_replica, out);
     unreplicated_executor_ = done.plan.target_replica;
   }
