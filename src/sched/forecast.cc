@@ -123,11 +123,13 @@ const std::map<int32_t, int64_t>* NeedHistory::Next(int32_t last_gpus) const {
 }
 
 GpuNeed NextNeed(const NeedHistory& population, const NeedHistory& own, int32_t last_gpus,
-                 const ForecastOptions& options) {
+                 const ForecastOptions& options, int32_t server_gpus) {
   const auto pop_n = static_cast<double>(population.After(last_gpus));
   const auto own_n = static_cast<double>(own.After(last_gpus));
   const double w = pop_n > 0 ? std::max(options.prior_weight, 0.0) : 0.0;
-  if (own_n + w <= 0) return {static_cast<double>(last_gpus), last_gpus};
+  if (own_n + w <= 0) {
+    return {static_cast<double>(last_gpus), last_gpus, last_gpus >= server_gpus ? 1.0 : 0.0};
+  }
   // P(next >= g) mixed as in ReturnChance; the candidates are the counts either history saw.
   auto at_least = [&](int32_t g) {
     const double pop = pop_n > 0 ? population.AfterAtLeast(last_gpus, g) / pop_n : 0.0;
@@ -150,6 +152,7 @@ GpuNeed NextNeed(const NeedHistory& population, const NeedHistory& own, int32_t 
     previous_g = g;
   }
   need.expected_gpus += previous_ge * previous_g;
+  need.whole_chance = at_least(server_gpus);
   return need;
 }
 

@@ -41,6 +41,12 @@ struct ForecastOptions {
   // a cell, those whose server is the only cover of fewer idle kernels at least this likely to
   // run a cell within the horizon go first. < 0: off.
   double spare_cover_min_chance = -1;
+  // Auto-scaling keeps wholly idle servers for the whole-server cells that idle kernels are
+  // expected to run within the horizon: ⌈E + z·σ⌉ of them, E and σ² the mean and variance of how
+  // many such cells come (Σ p·w and Σ p·w·(1 − p·w) over idle kernels, p the return chance, w
+  // GpuNeed::whole_chance). One busy minute of the trace brings several at once, and each finds
+  // its server only if one was idle before it came (a new server takes minutes). < 0: off.
+  double idle_servers_z = -1;
 };
 
 // An online distribution of idle gaps, in log-spaced bins from 1 s to months, plus gaps that
@@ -110,11 +116,13 @@ class NeedHistory {
 struct GpuNeed {
   double expected_gpus = 0;  // E[next cell's GPUs]
   int32_t cover_gpus = 0;    // the most it needs with at least options.cover_chance
+  double whole_chance = 0;   // P(next cell's GPUs >= server_gpus): it takes a whole server
 };
 // The next cell's likely GPUs after a cell of last_gpus, the kernel's own history mixed with the
-// population's as in ReturnChance. With no history at all: last_gpus for both.
+// population's as in ReturnChance. With no history at all: last_gpus for both (and whole_chance 1
+// if that is a whole server, else 0). server_gpus > 0.
 GpuNeed NextNeed(const NeedHistory& population, const NeedHistory& own, int32_t last_gpus,
-                 const ForecastOptions& options);
+                 const ForecastOptions& options, int32_t server_gpus);
 
 // P(the kernel asks for GPUs within options.horizon_ms | idle for idle_ms), in [0, 1].
 double ReturnChance(const GapDistribution& population, const KernelGaps& own,

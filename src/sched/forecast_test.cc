@@ -75,18 +75,34 @@ TEST(NextNeedTest, CoversTheLargestCountLikelyEnoughAndMixesOwnHistoryIn) {
   ForecastOptions o;
   o.prior_weight = 4;
   o.cover_chance = 0.25;
-  GpuNeed need = NextNeed(population, {}, 1, o);
+  GpuNeed need = NextNeed(population, {}, 1, o, 8);
   EXPECT_NEAR(need.expected_gpus, 0.8 * 1 + 0.2 * 8, 1e-9);
   EXPECT_EQ(need.cover_gpus, 1);  // 0.2 < 0.25
   NeedHistory own;                // this kernel went from 1 to 8 GPUs four times out of four
   for (int i = 0; i < 4; ++i) own.Observe(1, 8);
-  need = NextNeed(population, own, 1, o);
+  need = NextNeed(population, own, 1, o, 8);
   EXPECT_NEAR(need.expected_gpus, 0.4 * 1 + 0.6 * 8, 1e-9);  // P(8) = (4 + 4 × 0.2) / 8
   EXPECT_EQ(need.cover_gpus, 8);
   // Nothing seen after a 4-GPU cell: the next one is assumed alike.
-  need = NextNeed(population, own, 4, o);
+  need = NextNeed(population, own, 4, o, 8);
   EXPECT_EQ(need.expected_gpus, 4.0);
   EXPECT_EQ(need.cover_gpus, 4);
+}
+
+TEST(NextNeedTest, WholeChanceIsTheChanceTheNextCellTakesAWholeServer) {
+  NeedHistory population;
+  for (int i = 0; i < 6; ++i) population.Observe(1, 1);
+  for (int i = 0; i < 2; ++i) population.Observe(1, 4);
+  for (int i = 0; i < 2; ++i) population.Observe(1, 8);
+  const ForecastOptions o;
+  EXPECT_NEAR(NextNeed(population, {}, 1, o, 8).whole_chance, 0.2, 1e-9);
+  EXPECT_NEAR(NextNeed(population, {}, 1, o, 4).whole_chance, 0.4, 1e-9);  // 4-GPU servers
+  NeedHistory own;  // 1 → 8 four times out of four: (4 + 4 × 0.2) / 8
+  for (int i = 0; i < 4; ++i) own.Observe(1, 8);
+  EXPECT_NEAR(NextNeed(population, own, 1, o, 8).whole_chance, 0.6, 1e-9);
+  // Nothing learned after the last cell: as large as it was.
+  EXPECT_EQ(NextNeed(population, own, 8, o, 8).whole_chance, 1.0);
+  EXPECT_EQ(NextNeed(population, own, 2, o, 8).whole_chance, 0.0);
 }
 
 TEST(WeekProfileTest, WeighsHoursByTheirRateOnceAWeekWasSeen) {

@@ -315,6 +315,12 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     j["options"]["rebalance"]["contended_cover_chance"] = options.rebalance.contended_cover_chance;
     j["options"]["scaling"]["release_max_pinning_replicas"] =
         options.scaling.release_max_pinning_replicas;
+    // Likewise only when on, so that forecast journals from before it keep their bytes.
+    if (options.forecast.idle_servers_z >= 0) {
+      j["options"]["forecast"]["idle_servers_z"] = options.forecast.idle_servers_z;
+      j["options"]["scaling"]["release_idle_servers_margin"] =
+          options.scaling.release_idle_servers_margin;
+    }
   }
   return j.dump();
 }
@@ -343,6 +349,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
     options.scaling.gpus_per_host = s.at("gpus_per_host").get<int32_t>();
     // Absent before scale-in by reliance existed (and without the forecast): off.
     options.scaling.release_max_pinning_replicas = s.value("release_max_pinning_replicas", -1);
+    options.scaling.release_idle_servers_margin = s.value("release_idle_servers_margin", 0);
     // Absent in journals written before packing and rebalancing existed: they were off.
     options.pack_gpus = o.value("pack_gpus", false);
     options.gpu_wait_expiry_ms = o.value("gpu_wait_expiry_ms", int64_t{0});
@@ -372,6 +379,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
           f->value("pin_min_chance", ForecastOptions{}.pin_min_chance);
       options.forecast.spare_cover_min_chance =
           f->value("spare_cover_min_chance", ForecastOptions{}.spare_cover_min_chance);
+      options.forecast.idle_servers_z = f->value("idle_servers_z", -1.0);
     }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||

@@ -127,19 +127,19 @@ TEST(ScalingTest, PinningKeepsReliedOnServersAndOrdersTheRest) {
   };
   ScalingOptions opts;
   opts.release_max_pinning_replicas = 0;
-  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+  EXPECT_EQ(DecideScaling(hosts, opts, {}, &pinning).release_server_ids,
             (std::vector<std::string>{"h12", "h14"}));
   EXPECT_EQ(calls, 6);
   // Up to 1 pinning replica: unpinned first, then the least pinned, then by subscription.
   opts.release_max_pinning_replicas = 1;
   opts.max_release_per_round = 4;
-  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+  EXPECT_EQ(DecideScaling(hosts, opts, {}, &pinning).release_server_ids,
             (std::vector<std::string>{"h12", "h14", "h15", "h11"}));
   // Without the option the count plays no part and is never asked for.
   calls = 0;
   opts.release_max_pinning_replicas = -1;
   opts.max_release_per_round = 2;
-  EXPECT_EQ(DecideScaling(hosts, opts, 0, &pinning).release_server_ids,
+  EXPECT_EQ(DecideScaling(hosts, opts, {}, &pinning).release_server_ids,
             (std::vector<std::string>{"h10", "h11"}));
   EXPECT_EQ(calls, 0);
 }
@@ -150,8 +150,37 @@ TEST(ScalingTest, PinningIsNotCountedWhenNothingMayGo) {
   const PinningCount pinning = [&](const ServerView&) { return ++calls, 0; };
   ScalingOptions opts;
   opts.release_max_pinning_replicas = 0;
-  EXPECT_TRUE(DecideScaling(hosts, opts, 0, &pinning).release_server_ids.empty());
+  EXPECT_TRUE(DecideScaling(hosts, opts, {}, &pinning).release_server_ids.empty());
   EXPECT_EQ(calls, 0);  // within the band: no surplus
+}
+
+TEST(ScalingTest, IdleServersWantedRaiseTheTargetAboveTheBusyOnes) {
+  // 4 busy hosts and 1 idle: the factor's target is min 3 + buffer 3 = 6, so 1 is added.
+  std::vector<ServerView> hosts = Hosts(Concat(Repeat(4, {8, 8}), {{0, 0}}));
+  EXPECT_EQ(DecideScaling(hosts).add_hosts, 1);
+  // 3 wholly idle servers wanted: target 4 busy + 3 = 7.
+  ScalingDecision d = DecideScaling(hosts, {}, {.gpus = 0, .idle_servers = 3});
+  EXPECT_EQ(d.add_hosts, 2) << d.reason;
+  EXPECT_NE(d.reason.find("(1 idle, 3 wanted)"), std::string::npos) << d.reason;
+  // A partly busy host is busy: it is no idle server for a whole-server cell.
+  hosts = Hosts(Concat(Repeat(4, {8, 8}), {{1, 1}, {0, 0}, {0, 0}}));
+  EXPECT_EQ(DecideScaling(hosts, {}, {.gpus = 0, .idle_servers = 3}).add_hosts, 1);
+}
+
+TEST(ScalingTest, ScaleInKeepsTheIdleServersWantedAndTheMargin) {
+  // 2 busy hosts and 8 idle: the factor's limit is 6, so up to k go.
+  std::vector<ServerView> hosts = Hosts(Concat(Repeat(2, {8, 8}), Repeat(8, {0, 0})));
+  ScalingOptions opts;
+  opts.max_release_per_round = 8;
+  EXPECT_EQ(DecideScaling(hosts, opts).release_server_ids.size(), 4u);  // down to 6
+  EXPECT_EQ(DecideScaling(hosts, opts, {.gpus = 0, .idle_servers = 5}).release_server_ids.size(),
+            3u);  // 2 busy + 5 idle
+  opts.release_idle_servers_margin = 2;
+  ScalingDecision d = DecideScaling(hosts, opts, {.gpus = 0, .idle_servers = 5});
+  EXPECT_EQ(d.release_server_ids.size(), 1u) << d.reason;  // 5 + 2 kept idle
+  EXPECT_EQ(d.add_hosts, 0);
+  // The margin alone keeps nothing: it applies only when idle servers are wanted.
+  EXPECT_EQ(DecideScaling(hosts, opts).release_server_ids.size(), 4u);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -213,16 +214,29 @@ TickDecision Scheduler::DoTick() {
   tick.cluster_ratio = ratio_.value();
   tick.demand_gpus = cluster_.DemandGpus();
   tick.busy_gpus = cluster_.TotalCommitted().gpus;
+  // How many whole-server cells come within the horizon: a sum of independent Bernoulli
+  // variables, one per idle kernel, of this mean and variance.
+  double whole_cells_mean = 0;
+  double whole_cells_variance = 0;
   if (options_.forecast.enabled) {
     for (auto& [id, a] : activity_) {
       if (a.committed_gpus > 0 || a.executor_pending) continue;
       // next_need is set from placement on, so no kernel lookup is needed here.
-      tick.forecast_gpus += ReturnChanceOf(a) * a.next_need.expected_gpus;
+      const double chance = ReturnChanceOf(a);
+      tick.forecast_gpus += chance * a.next_need.expected_gpus;
+      const double whole = chance * a.next_need.whole_chance;
+      whole_cells_mean += whole;
+      whole_cells_variance += whole * (1 - whole);
+    }
+    if (options_.forecast.idle_servers_z >= 0) {
+      tick.idle_servers_wanted = static_cast<int32_t>(
+          std::ceil(whole_cells_mean +
+                    options_.forecast.idle_servers_z * std::sqrt(whole_cells_variance) - 1e-9));
     }
   }
   if (options_.auto_scaling && ratio_.window_full()) {
     tick.scaling_evaluated = true;
-    tick.scaling = Scale(tick.forecast_gpus);
+    tick.scaling = Scale({tick.forecast_gpus, tick.idle_servers_wanted});
   }
   if (options_.rebalance.enabled &&
       (rebalance_stale_ || last_event_ms_ >= rebalance_quiet_until_ms_ ||
@@ -259,9 +273,9 @@ TickDecision Scheduler::DoTick() {
   return tick;
 }
 
-ScalingDecision Scheduler::Scale(double forecast_gpus) {
+ScalingDecision Scheduler::Scale(const ScalingForecast& forecast) {
   if (!options_.forecast.enabled || options_.scaling.release_max_pinning_replicas < 0) {
-    return DecideScaling(cluster_, options_.scaling, forecast_gpus);
+    return DecideScaling(cluster_, options_.scaling, forecast);
   }
   // Counted on first use only: most ticks release nothing and never ask.
   std::map<std::string_view, int32_t> relied;
@@ -274,7 +288,7 @@ ScalingDecision Scheduler::Scale(double forecast_gpus) {
     const auto it = relied.find(server.server_id);
     return it == relied.end() ? 0 : it->second;
   };
-  return DecideScaling(cluster_, options_.scaling, forecast_gpus, &pinning);
+  return DecideScaling(cluster_, options_.scaling, forecast, &pinning);
 }
 
 std::map<std::string_view, int32_t> Scheduler::ReliedOn() {
@@ -334,7 +348,8 @@ double Scheduler::ReturnChanceOf(KernelActivity& activity) {
 GpuNeed Scheduler::NeedOf(const KernelActivity& activity, const KernelView& kernel) const {
   if (activity.next_need.cover_gpus >= 0) return activity.next_need;
   const int32_t last = activity.last_cell_gpus >= 0 ? activity.last_cell_gpus : kernel.request.gpus;
-  return NextNeed(need_population_, activity.needs, last, options_.forecast);
+  return NextNeed(need_population_, activity.needs, last, options_.forecast,
+                  options_.scaling.gpus_per_host);
 }
 
 void Scheduler::NoteGap(KernelActivity& activity, bool returned) {
@@ -367,8 +382,8 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
             KernelActivity& a = activity_[e.kernel.kernel_id];
             a = KernelActivity{.last_active_ms = now_ms};
             if (options_.forecast.enabled) {
-              a.next_need =
-                  NextNeed(need_population_, a.needs, e.kernel.request.gpus, options_.forecast);
+              a.next_need = NextNeed(need_population_, a.needs, e.kernel.request.gpus,
+                                     options_.forecast, options_.scaling.gpus_per_host);
             }
           },
           [&](const KernelRemoved& e) {
@@ -393,7 +408,8 @@ void Scheduler::NoteEvent(const SchedulerEvent& event) {
             }
             a->last_cell_gpus = gpus;
             if (options_.forecast.enabled) {
-              a->next_need = NextNeed(need_population_, a->needs, gpus, options_.forecast);
+              a->next_need = NextNeed(need_population_, a->needs, gpus, options_.forecast,
+                                      options_.scaling.gpus_per_host);
             }
             // A GPU-less cell gets no grant, so it would never clear the flag.
             a->executor_pending = a->last_cell_gpus > 0;

@@ -174,6 +174,9 @@ struct TickDecision {
   // With options.forecast.enabled: Σ over idle kernels of P(a cell within the horizon) × the
   // GPUs of its last cell; 0 otherwise.
   double forecast_gpus = 0;
+  // With options.forecast.idle_servers_z >= 0: the wholly idle servers auto-scaling keeps for
+  // whole-server cells of idle kernels (ForecastOptions::idle_servers_z); 0 otherwise.
+  int32_t idle_servers_wanted = 0;
   bool scaling_evaluated = false;  // auto_scaling on and the ratio window full
   ScalingDecision scaling;         // meaningful when scaling_evaluated
   // With options.rebalance.enabled: proactive moves of idle kernels' replicas (ChooseRebalance
@@ -283,7 +286,7 @@ class Scheduler {
   // DecideScaling, with the pinning rule when the forecast is on and
   // options.scaling.release_max_pinning_replicas >= 0: the pinning replicas of a server are the
   // idle kernels that rely on it (ReliedOn).
-  ScalingDecision Scale(double forecast_gpus);
+  ScalingDecision Scale(const ScalingForecast& forecast);
   // Per server, the idle kernels at least forecast.pin_min_chance likely to run a cell within
   // the horizon that rely on it. A kernel's covering servers are its replicas' accepting servers
   // with its next cell's GPUs (NeedOf's cover_gpus) idle; when none of them has GPUs committed

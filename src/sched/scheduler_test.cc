@@ -521,6 +521,32 @@ TEST(SchedulerForecastTest, AnIdleKernelThatComesBackSoonIsLoadForScaling) {
   EXPECT_LT(t.forecast_gpus, 1.0);
 }
 
+TEST(SchedulerForecastTest, IdleServersAreWantedForLikelyWholeServerCells) {
+  SchedulerOptions o = Options();
+  o.ratio_window = 1;
+  o.forecast.enabled = true;
+  o.forecast.horizon_ms = 120000;
+  o.forecast.idle_servers_z = 3;
+  Scheduler s = WithServers(3, o);
+  const int64_t end_ms = RunShortGappedCells(s, 5);
+  // Back within 2 minutes for sure, with 8 GPUs after 8 every time: one whole-server cell, no
+  // variance.
+  TickDecision t = s.OnTick(end_ms + 15000);
+  EXPECT_EQ(t.idle_servers_wanted, 1);
+  ASSERT_TRUE(t.scaling_evaluated);
+  EXPECT_NE(t.scaling.reason.find("(3 idle, 1 wanted)"), std::string::npos) << t.scaling.reason;
+  // While its cell runs the kernel is not idle: nothing is wanted for it.
+  ASSERT_TRUE(s.RequestExecutor(end_ms + 20000, {.kernel_id = "k", .gpus = 8}).ok());
+  ASSERT_TRUE(s.OnGrantCommitted(end_ms + 20000, {"k", 1, "s0", Req(8, 0, 0)}).ok());
+  t = s.OnTick(end_ms + 30000);
+  EXPECT_EQ(t.idle_servers_wanted, 0);
+  EXPECT_EQ(t.scaling.reason.find("wanted"), std::string::npos) << t.scaling.reason;
+  // Off (the default): none are counted.
+  o.forecast.idle_servers_z = -1;
+  Scheduler off = WithServers(3, o);
+  EXPECT_EQ(off.OnTick(RunShortGappedCells(off, 5) + 15000).idle_servers_wanted, 0);
+}
+
 TEST(SchedulerForecastTest, OffByDefaultAsTheGatewayRunsIt) {
   SchedulerOptions o = Options();
   o.ratio_window = 1;
@@ -629,6 +655,14 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->scaling.release_max_pinning_replicas, 1);
   EXPECT_EQ(back->rebalance.spare_whole_min_chance, 0.2);
   EXPECT_EQ(back->forecast.spare_cover_min_chance, 0.15);
+  EXPECT_EQ(back->forecast.idle_servers_z, -1);  // off, and not written
+  EXPECT_EQ(EncodeJournalHeader(o).find("idle_servers"), std::string::npos);
+  o.forecast.idle_servers_z = 2.5;
+  o.scaling.release_idle_servers_margin = 2;
+  back = DecodeJournalHeader(EncodeJournalHeader(o));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->forecast.idle_servers_z, 2.5);
+  EXPECT_EQ(back->scaling.release_idle_servers_margin, 2);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);

@@ -354,6 +354,17 @@ TEST(SimTest, JournalOfASimulationReplays) {
   }
 }
 
+TEST(SimTest, IdleServersForWholeServerCellsComeWithTheForecast) {
+  SimOptions o = Opts(Policy::kNotebookOS);
+  sched::SchedulerOptions so = SchedulerOptionsFor(o);
+  EXPECT_GE(so.forecast.idle_servers_z, 0);
+  EXPECT_EQ(so.forecast.idle_servers_z, o.config.forecast_idle_servers_z);
+  EXPECT_EQ(so.scaling.release_idle_servers_margin, o.config.release_idle_servers_margin);
+  o.config.forecast = false;
+  EXPECT_LT(SchedulerOptionsFor(o).forecast.idle_servers_z, 0);
+  EXPECT_LT(SchedulerOptionsFor(Opts(Policy::kBatch)).forecast.idle_servers_z, 0);
+}
+
 TEST(SimTest, ReportsRender) {
   auto r = Simulate(Tiny(), Opts(Policy::kNotebookOS));
   ASSERT_TRUE(r.ok());

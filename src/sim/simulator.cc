@@ -67,6 +67,8 @@ using nlohmann::json;
   X(rebalance_spare_whole_min_chance) \
   X(rebalance_contended_cover_chance) \
   X(executor_spare_cover_chance)      \
+  X(forecast_idle_servers_z)          \
+  X(release_idle_servers_margin)      \
   X(warm_per_host)                    \
   X(lcp_warm_per_host)                \
   X(gpu_hour_cost_usd)                \
@@ -964,6 +966,8 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
     s.rebalance.contended_cover_chance = c.rebalance_contended_cover_chance;
     s.forecast.spare_cover_min_chance = c.executor_spare_cover_chance;
     s.scaling.release_max_pinning_replicas = c.release_max_pinning_replicas;
+    s.forecast.idle_servers_z = c.forecast_idle_servers_z;
+    s.scaling.release_idle_servers_margin = c.release_idle_servers_margin;
     // Scale-in no longer goes by replica counts, so neither do rebalancing's targets: a move
     // keeps a server only by making a likely kernel rely on it, which the pinning rule sees.
     if (c.release_max_pinning_replicas >= 0) s.rebalance.spare_servers_max_replicas = -1;

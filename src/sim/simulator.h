@@ -69,8 +69,8 @@ struct SimConfig {
   double forecast_prior_weight = 4.0;  // a kernel's own gaps vs the population's (forecast.h)
   // rebalancing keeps an idle kernel next to the most GPUs its next cell needs with this chance
   double forecast_cover_chance = 0.25;
-  double forecast_scaling_factor = 1.15;
-  double forecast_scaling_limit = 1.20;
+  double forecast_scaling_factor = 1.05;
+  double forecast_scaling_limit = 1.15;
   // With the forecast: kernels less likely than this to return within the horizon are not
   // moved proactively, and ones less likely than the second never pin a releasable server
   // (instead of rebalance_releasable_idle_max_ms). < 0: off.
@@ -99,6 +99,12 @@ struct SimConfig {
   // cover of the fewest idle kernels at least this likely to return, sparing their covers
   // (sched::ForecastOptions::spare_cover_min_chance). < 0: off.
   double executor_spare_cover_chance = 0.2;
+  // With the forecast: auto-scaling keeps ⌈E + z·σ⌉ wholly idle servers for the whole-server
+  // cells idle kernels are expected to run within the horizon, and scale-in keeps that many plus
+  // the margin (sched::ForecastOptions::idle_servers_z,
+  // sched::ScalingOptions::release_idle_servers_margin). z < 0: off.
+  double forecast_idle_servers_z = 4.0;
+  int32_t release_idle_servers_margin = 1;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
