@@ -503,11 +503,17 @@ int64_t RunShortGappedCells(Scheduler& s, int cells) {
   return t - 60000;
 }
 
-TEST(SchedulerForecastTest, AnIdleKernelThatComesBackSoonIsLoadForScaling) {
+// Every tick scales; the forecast looks 2 minutes ahead.
+SchedulerOptions ForecastOptionsTwoMinutes() {
   SchedulerOptions o = Options();
   o.ratio_window = 1;
   o.forecast.enabled = true;
   o.forecast.horizon_ms = 120000;
+  return o;
+}
+
+TEST(SchedulerForecastTest, AnIdleKernelThatComesBackSoonIsLoadForScaling) {
+  SchedulerOptions o = ForecastOptionsTwoMinutes();
   Scheduler s = WithServers(3, o);
   const int64_t end_ms = RunShortGappedCells(s, 5);
   // Every gap so far was 1 minute: an 8-GPU kernel idle for 15 s is back within 2 minutes.
@@ -522,10 +528,7 @@ TEST(SchedulerForecastTest, AnIdleKernelThatComesBackSoonIsLoadForScaling) {
 }
 
 TEST(SchedulerForecastTest, IdleServersAreWantedForLikelyWholeServerCells) {
-  SchedulerOptions o = Options();
-  o.ratio_window = 1;
-  o.forecast.enabled = true;
-  o.forecast.horizon_ms = 120000;
+  SchedulerOptions o = ForecastOptionsTwoMinutes();
   o.forecast.idle_servers_z = 3;
   Scheduler s = WithServers(3, o);
   const int64_t end_ms = RunShortGappedCells(s, 5);
@@ -589,10 +592,7 @@ TEST(SchedulerForecastTest, ScaleInKeepsTheServerALikelyKernelReliesOnAlone) {
 
 // A likely kernel covered by two wholly idle servers keeps one of them, not both.
 TEST(SchedulerForecastTest, AKernelCoveredByTwoIdleServersKeepsOne) {
-  SchedulerOptions o = Options();
-  o.ratio_window = 1;
-  o.forecast.enabled = true;
-  o.forecast.horizon_ms = 120000;
+  SchedulerOptions o = ForecastOptionsTwoMinutes();
   o.scaling.release_max_pinning_replicas = 0;
   Scheduler s = WithServers(5, o);
   ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("b", Req(8), {"s1", "s3", "s4"})).ok());
