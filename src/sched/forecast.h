@@ -47,6 +47,11 @@ struct ForecastOptions {
   // GpuNeed::whole_chance). One busy minute of the trace brings several at once, and each finds
   // its server only if one was idle before it came (a new server takes minutes). < 0: off.
   double idle_servers_z = -1;
+  // Rebalancing keeps an idle kernel next to a whole server's idle GPUs as well as its cover when
+  // its cover is smaller but it is at least this likely to run a whole-server cell within the
+  // horizon (return chance × GpuNeed::whole_chance): at cover_chance 0.25, a kernel whose 1-GPU
+  // cells are followed by 8-GPU ones one time in six is covered for 1 GPU only. < 0: off.
+  double whole_cover_min_chance = -1;
 };
 
 // An online distribution of idle gaps, in log-spaced bins from 1 s to months, plus gaps that

@@ -316,6 +316,9 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     j["options"]["scaling"]["release_max_pinning_replicas"] =
         options.scaling.release_max_pinning_replicas;
     // Likewise only when on, so that forecast journals from before it keep their bytes.
+    if (options.forecast.whole_cover_min_chance >= 0) {
+      j["options"]["forecast"]["whole_cover_min_chance"] = options.forecast.whole_cover_min_chance;
+    }
     if (options.forecast.idle_servers_z >= 0) {
       j["options"]["forecast"]["idle_servers_z"] = options.forecast.idle_servers_z;
       j["options"]["scaling"]["release_idle_servers_margin"] =
@@ -380,6 +383,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
       options.forecast.spare_cover_min_chance =
           f->value("spare_cover_min_chance", ForecastOptions{}.spare_cover_min_chance);
       options.forecast.idle_servers_z = f->value("idle_servers_z", -1.0);
+      options.forecast.whole_cover_min_chance = f->value("whole_cover_min_chance", -1.0);
     }
     if (!(options.max_subscription_ratio > 0) || options.ratio_window <= 0 ||
         options.scaling.gpus_per_host <= 0 || options.scaling.min_hosts < 0 ||

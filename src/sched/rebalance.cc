@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string_view>
 #include <tuple>
 
@@ -201,11 +202,14 @@ int32_t RebalanceDecision::ReplicasOn(std::string_view server_id) const {
 
 void RebalanceDecision::PlanMoves() {
   bool without_target = false;
+  // A kernel listed twice (for its cover and for a whole server) moves one replica per call.
+  std::set<const KernelView*> planned;
   for (const IdleKernel* k : moving_) {
     if (static_cast<int32_t>(choice_.plans.size()) >= options_.max_per_tick) {
       choice_.quiet_until_ms = now_ms_;  // cut by the bound: the next call has work
       break;
     }
+    if (planned.contains(k->kernel)) continue;
     Roomy* target = ChooseTarget(*k);
     if (target == nullptr) {
       without_target = true;
@@ -214,6 +218,7 @@ void RebalanceDecision::PlanMoves() {
     const ReplicaView* moving = ChooseReplica(*k->kernel);
     if (moving == nullptr) continue;  // a kernel without replicas has nothing to move
     AddPlan(*k, *target, *moving);
+    planned.insert(k->kernel);
   }
   // A kernel may have lacked a target only because this decision's own plans took the room; if
   // the caller drops those plans, the next call may differ.

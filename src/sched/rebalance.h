@@ -94,7 +94,9 @@ struct IdleKernel {
 // - Replica: one on a server missing from the view or not accepting first, then not the last
 //   executor, then one whose server holds spare_servers_max_replicas + 1 replicas (when that is
 //   >= 0), then highest SR_h, then fewest idle GPUs, then lowest replica id.
-// A kernel with no eligible target gets no plan (no scale-out is asked for: nothing waits).
+// A kernel with no eligible target gets no plan (no scale-out is asked for: nothing waits). A
+// kernel may be listed more than once with different gpus_needed; it gets at most one plan per
+// call (its first in the order above).
 // quiet_until_ms: until then, the same call over the same cluster and kernels (nothing changed
 // but the time) gives no plans, so a caller may skip it (the scheduler does, to keep a tick cheap).
 struct RebalanceChoice {

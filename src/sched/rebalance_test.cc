@@ -306,5 +306,22 @@ TEST(RebalanceTest, AKernelWhoseOnlyWholeServerLikelierKernelsRelyOnMoves) {
   EXPECT_EQ(plans(0.6, 0.4, 4, 0.3), std::vector<std::string>{});
 }
 
+// k is listed twice, once for 1 GPU and once for a whole server, and neither is covered (a, b,
+// c are full); d and e are wholly idle. It moves one replica, for the likelier entry's need.
+TEST(RebalanceTest, AKernelListedTwiceMovesOneReplicaPerCall) {
+  ClusterState cluster =
+      Cluster({Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8), Server("e", 8)});
+  for (const char* s : {"a", "b", "c"}) ASSERT_TRUE(cluster.Commit(s, Gpus(8)).ok());
+  ASSERT_TRUE(cluster.AddKernel(Kernel("k", Req(8), {"a", "b", "c"})).ok());
+  const int64_t never = std::numeric_limits<int64_t>::lowest();
+  const std::vector<IdleKernel> idle = {{cluster.FindKernel("k"), 1, 0, never, 0.5},
+                                        {cluster.FindKernel("k"), 8, 0, never, 0.5}};
+  const auto plans = ChooseRebalance(cluster, idle, 1000000, On()).plans;
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].kernel_id, "k");
+  // The same kernel once per entry on a cluster with room for both is still one plan.
+  EXPECT_EQ(ChooseRebalance(cluster, {idle[1], idle[1]}, 1000000, On()).plans.size(), 1u);
+}
+
 }  // namespace
 }  // namespace nbos::sched

@@ -241,21 +241,7 @@ TickDecision Scheduler::DoTick() {
   if (options_.rebalance.enabled &&
       (rebalance_stale_ || last_event_ms_ >= rebalance_quiet_until_ms_ ||
        tick.scaling.release_server_ids != rebalance_excluded_)) {
-    std::vector<IdleKernel> idle;
-    for (auto& [id, a] : activity_) {
-      if (a.committed_gpus > 0 || a.executor_pending) continue;
-      const KernelView* kernel = cluster_.FindKernel(id);
-      NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
-      // The last cell's GPU count predicts the next one better than the request (the session's
-      // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
-      // With the forecast, the most the next cell needs with a fair chance (a 1-GPU cell is
-      // often followed by an 8-GPU one).
-      const int32_t gpus = options_.forecast.enabled
-                               ? NeedOf(a, *kernel).cover_gpus
-                               : (a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus);
-      idle.push_back({kernel, gpus, a.last_active_ms, a.last_rebalanced_ms,
-                      options_.forecast.enabled ? ReturnChanceOf(a) : -1.0});
-    }
+    const std::vector<IdleKernel> idle = IdleKernels();
     const std::set<std::string, std::less<>> releasing(tick.scaling.release_server_ids.begin(),
                                                        tick.scaling.release_server_ids.end());
     RebalanceChoice choice =
@@ -271,6 +257,36 @@ TickDecision Scheduler::DoTick() {
     }
   }
   return tick;
+}
+
+std::vector<IdleKernel> Scheduler::IdleKernels() {
+  std::vector<IdleKernel> idle;
+  const int32_t server_gpus = options_.scaling.gpus_per_host;
+  for (auto& [id, a] : activity_) {
+    if (a.committed_gpus > 0 || a.executor_pending) continue;
+    const KernelView* kernel = cluster_.FindKernel(id);
+    NBOS_CHECK(kernel != nullptr, "activity is kept for placed kernels only");
+    if (!options_.forecast.enabled) {
+      // The last cell's GPU count predicts the next one better than the request (the session's
+      // largest cell): moving an 8-GPU kernel whose cells now take 1 GPU would only churn.
+      const int32_t gpus = a.last_cell_gpus >= 0 ? a.last_cell_gpus : kernel->request.gpus;
+      idle.push_back({kernel, gpus, a.last_active_ms, a.last_rebalanced_ms, -1.0});
+      continue;
+    }
+    // With the forecast, the most the next cell needs with a fair chance (a 1-GPU cell is often
+    // followed by an 8-GPU one).
+    const GpuNeed need = NeedOf(a, *kernel);
+    const double chance = ReturnChanceOf(a);
+    idle.push_back({kernel, need.cover_gpus, a.last_active_ms, a.last_rebalanced_ms, chance});
+    // A kernel that may well need a whole server soon, though less likely than its cover, is
+    // kept next to one too: the idle servers auto-scaling keeps are there for such cells.
+    const double whole_min = options_.forecast.whole_cover_min_chance;
+    if (whole_min >= 0 && need.cover_gpus < server_gpus &&
+        chance * need.whole_chance >= whole_min) {
+      idle.push_back({kernel, server_gpus, a.last_active_ms, a.last_rebalanced_ms, chance});
+    }
+  }
+  return idle;
 }
 
 ScalingDecision Scheduler::Scale(const ScalingForecast& forecast) {

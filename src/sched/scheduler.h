@@ -293,6 +293,10 @@ class Scheduler {
   // (scale-in could take them all), it relies on one: the most subscribed, then the greatest
   // server_id (the one DecideScaling would release last). Servers relied on by none are absent.
   std::map<std::string_view, int32_t> ReliedOn();
+  // The kernels rebalancing looks at: those with nothing committed and no executor request
+  // pending, each with the GPUs its next cell needs (with the forecast, NeedOf's cover_gpus and,
+  // per forecast.whole_cover_min_chance, a second entry for a whole server).
+  std::vector<IdleKernel> IdleKernels();
   // With forecast.spare_cover_min_chance >= 0: SpareSoleCovers over the idle kernels (other
   // than kernel_id) at least that likely to run a cell within the horizon.
   void SpareCovers(const std::string& kernel_id, int32_t gpus, ExecutorChoice* choice);

@@ -550,6 +550,44 @@ TEST(SchedulerForecastTest, IdleServersAreWantedForLikelyWholeServerCells) {
   EXPECT_EQ(off.OnTick(RunShortGappedCells(off, 5) + 15000).idle_servers_wanted, 0);
 }
 
+// k's 1-GPU cells are followed by an 8-GPU one one time in five, a minute apart: its cover is 1
+// GPU (0.2 < cover_chance 0.25), which its replica servers s0..s2 have beside b0..b2's 4 GPUs each,
+// but none has 8; s3 is wholly idle.
+TEST(SchedulerForecastTest, AKernelThatMayNeedAWholeServerIsKeptNextToOne) {
+  for (const double whole_min : {-1.0, 0.1, 0.3}) {
+    SchedulerOptions o = ForecastOptionsTwoMinutes();
+    o.auto_scaling = false;  // s3 stays
+    o.rebalance.enabled = true;
+    o.forecast.whole_cover_min_chance = whole_min;
+    Scheduler s = WithServers(4, o);
+    ASSERT_TRUE(s.OnKernelPlaced(0, test::Kernel("k", Req(8), {"s0", "s1", "s2"})).ok());
+    int64_t t = 60000;
+    for (const int32_t gpus : {1, 1, 1, 1, 1, 8, 1}) {
+      ASSERT_TRUE(s.RequestExecutor(t, {.kernel_id = "k", .gpus = gpus}).ok());
+      ASSERT_TRUE(s.OnGrantCommitted(t, {"k", 1, "s0", Req(gpus, 0, 0)}).ok());
+      ASSERT_TRUE(s.OnGrantReleased(t + 60000, {"k", 1, "s0", Req(gpus, 0, 0)}).ok());
+      t += 120000;
+    }
+    t -= 60000;  // k's last cell ended then
+    const std::vector<std::string> servers = {"s0", "s1", "s2"};
+    for (size_t i = 0; i < servers.size(); ++i) {
+      const std::string b = "b" + std::to_string(i);
+      ASSERT_TRUE(s.OnKernelPlaced(t, test::Kernel(b, Req(4), {servers[i], "s3"})).ok());
+      ASSERT_TRUE(s.OnGrantCommitted(t, {b, 1, servers[i], Req(4, 0, 0)}).ok());
+    }
+    // Back within 2 minutes for sure; P(8 GPUs) = 0.2.
+    const TickDecision tick = s.OnTick(t + 15000);
+    if (whole_min < 0 || whole_min > 0.2) {
+      EXPECT_TRUE(tick.rebalance.empty()) << whole_min;
+    } else {
+      ASSERT_EQ(tick.rebalance.size(), 1u);
+      EXPECT_EQ(tick.rebalance[0].kernel_id, "k");
+      EXPECT_EQ(tick.rebalance[0].plan.to_server_id, "s3");
+      EXPECT_NE(tick.rebalance[0].plan.from_server_id, "s0") << "the last executor stays";
+    }
+  }
+}
+
 TEST(SchedulerForecastTest, OffByDefaultAsTheGatewayRunsIt) {
   SchedulerOptions o = Options();
   o.ratio_window = 1;
@@ -656,13 +694,17 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->rebalance.spare_whole_min_chance, 0.2);
   EXPECT_EQ(back->forecast.spare_cover_min_chance, 0.15);
   EXPECT_EQ(back->forecast.idle_servers_z, -1);  // off, and not written
+  EXPECT_EQ(back->forecast.whole_cover_min_chance, -1);
   EXPECT_EQ(EncodeJournalHeader(o).find("idle_servers"), std::string::npos);
+  EXPECT_EQ(EncodeJournalHeader(o).find("whole_cover"), std::string::npos);
   o.forecast.idle_servers_z = 2.5;
+  o.forecast.whole_cover_min_chance = 0.05;
   o.scaling.release_idle_servers_margin = 2;
   back = DecodeJournalHeader(EncodeJournalHeader(o));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->forecast.idle_servers_z, 2.5);
   EXPECT_EQ(back->scaling.release_idle_servers_margin, 2);
+  EXPECT_EQ(back->forecast.whole_cover_min_chance, 0.05);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);

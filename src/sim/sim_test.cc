@@ -360,8 +360,11 @@ TEST(SimTest, IdleServersForWholeServerCellsComeWithTheForecast) {
   EXPECT_GE(so.forecast.idle_servers_z, 0);
   EXPECT_EQ(so.forecast.idle_servers_z, o.config.forecast_idle_servers_z);
   EXPECT_EQ(so.scaling.release_idle_servers_margin, o.config.release_idle_servers_margin);
+  EXPECT_GE(so.forecast.whole_cover_min_chance, 0);
+  EXPECT_EQ(so.forecast.whole_cover_min_chance, o.config.rebalance_whole_cover_chance);
   o.config.forecast = false;
   EXPECT_LT(SchedulerOptionsFor(o).forecast.idle_servers_z, 0);
+  EXPECT_LT(SchedulerOptionsFor(o).forecast.whole_cover_min_chance, 0);
   EXPECT_LT(SchedulerOptionsFor(Opts(Policy::kBatch)).forecast.idle_servers_z, 0);
 }
 

@@ -69,6 +69,7 @@ using nlohmann::json;
   X(executor_spare_cover_chance)      \
   X(forecast_idle_servers_z)          \
   X(release_idle_servers_margin)      \
+  X(rebalance_whole_cover_chance)     \
   X(warm_per_host)                    \
   X(lcp_warm_per_host)                \
   X(gpu_hour_cost_usd)                \
@@ -968,6 +969,7 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
     s.scaling.release_max_pinning_replicas = c.release_max_pinning_replicas;
     s.forecast.idle_servers_z = c.forecast_idle_servers_z;
     s.scaling.release_idle_servers_margin = c.release_idle_servers_margin;
+    s.forecast.whole_cover_min_chance = c.rebalance_whole_cover_chance;
     // Scale-in no longer goes by replica counts, so neither do rebalancing's targets: a move
     // keeps a server only by making a likely kernel rely on it, which the pinning rule sees.
     if (c.release_max_pinning_replicas >= 0) s.rebalance.spare_servers_max_replicas = -1;
