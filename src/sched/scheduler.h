@@ -171,8 +171,8 @@ struct TickDecision {
   double cluster_ratio = 0;  // SR_c after this tick's sample
   int64_t demand_gpus = 0;
   int64_t busy_gpus = 0;
-  // With options.forecast.enabled: Σ over idle kernels of P(a cell within the horizon) × the
-  // GPUs of its last cell; 0 otherwise.
+  // With options.forecast.enabled: Σ over idle kernels of P(a cell within the horizon) × its
+  // next cell's expected GPUs (GpuNeed::expected_gpus); 0 otherwise.
   double forecast_gpus = 0;
   // With options.forecast.idle_servers_z >= 0: the wholly idle servers auto-scaling keeps for
   // whole-server cells of idle kernels (ForecastOptions::idle_servers_z); 0 otherwise.
