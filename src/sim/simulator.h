@@ -103,12 +103,12 @@ struct SimConfig {
   // cells idle kernels are expected to run within the horizon, and scale-in keeps that many plus
   // the margin (sched::ForecastOptions::idle_servers_z,
   // sched::ScalingOptions::release_idle_servers_margin). z < 0: off.
-  double forecast_idle_servers_z = 4.0;
+  double forecast_idle_servers_z = 3.5;
   int32_t release_idle_servers_margin = 1;
   // With the forecast: rebalancing also keeps an idle kernel whose cover is smaller than a server
   // next to a wholly idle one when it is at least this likely to run a whole-server cell within
   // the horizon (sched::ForecastOptions::whole_cover_min_chance). < 0: off.
-  double rebalance_whole_cover_chance = 0.05;
+  double rebalance_whole_cover_chance = 0.01;
   int32_t warm_per_host = 1;             // notebookos: minimum-capacity pool per host
   int32_t lcp_warm_per_host = 8;         // notebookos-lcp: the large pool, per host
   double gpu_hour_cost_usd = 2.00;       // provider's cost of a provisioned GPU-hour
