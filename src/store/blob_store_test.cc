@@ -398,6 +398,8 @@ TYPED_TEST(BlobStoreContractTest, VersionZeroKeysOfLargeBlobsStillRead) {
             StatusCode::kInvalidArgument);
   this->backend_.Corrupt(old_key);
   EXPECT_THAT(this->store_->Get(old_key).status().message(), HasSubstr("corrupt blob " + old_key));
+  EXPECT_THAT(this->store_->GetBuffer(old_key).status().message(),
+              HasSubstr("corrupt blob " + old_key));
 }
 
 TYPED_TEST(BlobStoreContractTest, UnknownKeyIsNotFound) {

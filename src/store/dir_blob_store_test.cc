@@ -81,6 +81,9 @@ TEST(DirBlobStoreTest, TruncatedBlobIsCorruptAndPutRepairsIt) {
   auto got = (*store)->Get(*key);
   EXPECT_EQ(got.status().code(), StatusCode::kInternal);
   EXPECT_THAT(got.status().message(), HasSubstr("corrupt blob"));
+  auto buffer = (*store)->GetBuffer(*key);
+  EXPECT_EQ(buffer.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(buffer.status().message(), HasSubstr("corrupt blob"));
   ASSERT_TRUE((*store)->Put(data).ok());  // the size differs, so it is written again
   EXPECT_TRUE(*(*store)->Get(*key) == data);
 }

@@ -1,6 +1,8 @@
 #include "store/spare_files.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace nbos::store {
 
@@ -178,19 +181,24 @@ void SpareFiles::RefillOnce(int64_t now_ms) {
   while (!wanted_.empty() && !stopping_) {
     const size_t bytes = wanted_.front();
     wanted_.pop_front();
+    std::vector<SpareFile> pushed_out;
     while (!spares_.empty() && spare_bytes_ + bytes > options_.budget_bytes) {
       spare_bytes_ -= spares_.front().allocated_bytes;
-      spares_.front().Close();
+      pushed_out.push_back(spares_.front());
       spares_.pop_front();
     }
-    // Allocation is the slow part (the very cost spares exist to move): not under the lock.
+    // Unmapping and allocating are the slow parts: not under the lock, which a put's Take needs
+    // while this thread, at idle priority, may wait long for a core.
     lock.unlock();
+    for (SpareFile& old : pushed_out) old.Close();
     std::optional<SpareFile> spare = Allocate(bytes);
     lock.lock();
     if (!spare) continue;
     // Takes only free room; another RefillOnce (a test's, beside the thread) may have used it.
     if (spare_bytes_ + spare->allocated_bytes > options_.budget_bytes) {
+      lock.unlock();
       spare->Close();
+      lock.lock();
       continue;
     }
     spares_.push_back(*spare);
@@ -199,6 +207,10 @@ void SpareFiles::RefillOnce(int64_t now_ms) {
 }
 
 void SpareFiles::RefillLoop() {
+  // Spares serve later puts: allocating them is worth no core that anything else wants. On a
+  // shared host the standbys verify a cell's blobs just after its puts, when the refill starts.
+  const sched_param idle{};
+  ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);  // a hint; failure is harmless
   std::unique_lock lock(mu_);
   while (!stopping_) {
     wake_.wait_for(lock, kIdleCheckInterval, [this] { return stopping_ || !wanted_.empty(); });

@@ -28,7 +28,10 @@
 //   without them.
 //
 // Threading: Take may be called from any thread. The refill thread is the only one that
-// allocates; the destructor stops it and closes every spare.
+// allocates; the destructor stops it and closes every spare. The refill thread runs at idle
+// priority (SCHED_IDLE): spares are for later puts, and the cores are wanted first by whatever
+// follows a put (standbys on the same host verifying the blobs just written), so it holds the
+// lock that Take needs only for list updates, never while it maps, unmaps or touches pages.
 #pragma once
 
 #include <condition_variable>

@@ -1,10 +1,13 @@
 #include "store/spare_files.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <string>
 #include <thread>
 
 #include "store/testing.h"
@@ -153,6 +156,29 @@ TEST(SpareFilesTest, TheRefillThreadWaitsForAPauseInTakesAndStillStopsAtOnce) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a refill takes ~1 ms
   EXPECT_EQ(spares.spare_count(), 0u);
   // The destructor stops the thread in its hour-long wait (a hang would time the test out).
+}
+
+// Threads of this process whose scheduling policy is SCHED_IDLE.
+int IdleThreads() {
+  int idle = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (::sched_getscheduler(tid) == SCHED_IDLE) ++idle;
+  }
+  return idle;
+}
+
+TEST(SpareFilesTest, TheRefillThreadRunsAtIdlePriority) {
+  ScopedTempDir tmp("nbos-spares", RamParent());
+  ASSERT_EQ(IdleThreads(), 0);
+  SpareFilesOptions options;
+  options.budget_bytes = 64 * kMiB;
+  SpareFiles spares(tmp.path(), options);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (IdleThreads() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(IdleThreads(), 1);
 }
 
 TEST(SpareFilesTest, MemoryHeadroomIsReadFromThisMachine) {
