@@ -19,6 +19,8 @@ namespace {
 
 // The refill thread also wakes this often to drop idle spares.
 constexpr auto kIdleCheckInterval = std::chrono::seconds(5);
+// Allocate checks for a closing store this often while it touches a spare's pages.
+constexpr size_t kStopCheckBytes = size_t{1} << 20;
 
 // A number from a one-line file, or nullopt ("max", missing, unreadable).
 std::optional<uint64_t> ReadNumber(const std::filesystem::path& path) {
@@ -164,8 +166,13 @@ std::optional<SpareFile> SpareFiles::Allocate(size_t bytes) const {
   spare.map = static_cast<char*>(map);
   // Touched from user space, page by page: MAP_POPULATE would fill the page tables from the
   // kernel, which does not spare the put's own first touches where those tables are shadowed.
+  // At idle priority this can take long on a busy host: a closing store does not wait for it.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (size_t offset = 0; offset < bytes; offset += page) {
+    if (offset % kStopCheckBytes == 0 && stopping_.load(std::memory_order_relaxed)) {
+      spare.Close();
+      return std::nullopt;
+    }
     static_cast<volatile char*>(spare.map)[offset] = 0;
   }
   return spare;

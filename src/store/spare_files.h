@@ -34,6 +34,7 @@
 // lock that Take needs only for list updates, never while it maps, unmaps or touches pages.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -106,7 +107,8 @@ class SpareFiles {
   std::deque<size_t> wanted_;     // sizes asked for by Take, oldest first
   size_t spare_bytes_ = 0;
   int64_t last_take_ms_ = 0;
-  bool stopping_ = false;
+  // Written under mu_ (for wake_); read without it by Allocate, which stops touching pages.
+  std::atomic<bool> stopping_{false};
   std::thread refill_;
 };
 
