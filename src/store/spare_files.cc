@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nbos::store {
@@ -106,7 +107,7 @@ SpareFiles::~SpareFiles() {
   wake_.notify_all();
   if (refill_.joinable()) refill_.join();
   std::lock_guard lock(mu_);
-  DropAllLocked();
+  for (SpareFile& spare : TakeAllLocked()) spare.Close();
 }
 
 std::optional<SpareFile> SpareFiles::Take(size_t bytes) {
@@ -181,8 +182,10 @@ std::optional<SpareFile> SpareFiles::Allocate(size_t bytes) const {
 void SpareFiles::RefillOnce(int64_t now_ms) {
   std::unique_lock lock(mu_);
   if (now_ms - last_take_ms_ >= options_.idle_release_ms) {
-    DropAllLocked();
+    std::deque<SpareFile> idle = TakeAllLocked();
     wanted_.clear();
+    lock.unlock();
+    for (SpareFile& spare : idle) spare.Close();
     return;
   }
   while (!wanted_.empty() && !stopping_) {
@@ -235,10 +238,9 @@ void SpareFiles::RefillLoop() {
   }
 }
 
-void SpareFiles::DropAllLocked() {
-  for (SpareFile& spare : spares_) spare.Close();
-  spares_.clear();
+std::deque<SpareFile> SpareFiles::TakeAllLocked() {
   spare_bytes_ = 0;
+  return std::exchange(spares_, {});
 }
 
 size_t SpareFiles::spare_bytes() const {

@@ -95,7 +95,8 @@ class SpareFiles {
 
  private:
   void RefillLoop();
-  void DropAllLocked();
+  // Empties the spares (the caller closes them, outside mu_ where others may wait for it).
+  std::deque<SpareFile> TakeAllLocked();
   std::optional<SpareFile> Allocate(size_t bytes) const;
 
   const std::filesystem::path dir_;
