@@ -319,6 +319,10 @@ std::string EncodeJournalHeader(const SchedulerOptions& options) {
     if (options.forecast.whole_cover_min_chance >= 0) {
       j["options"]["forecast"]["whole_cover_min_chance"] = options.forecast.whole_cover_min_chance;
     }
+    if (options.rebalance.make_room_chance_ratio >= 0) {
+      j["options"]["rebalance"]["make_room_chance_ratio"] =
+          options.rebalance.make_room_chance_ratio;
+    }
     if (options.forecast.idle_servers_z >= 0) {
       j["options"]["forecast"]["idle_servers_z"] = options.forecast.idle_servers_z;
       j["options"]["scaling"]["release_idle_servers_margin"] =
@@ -371,6 +375,7 @@ Result<SchedulerOptions> DecodeJournalHeader(std::string_view line) {
           r->value("releasable_target_min_chance", -1.0);
       options.rebalance.spare_whole_min_chance = r->value("spare_whole_min_chance", -1.0);
       options.rebalance.contended_cover_chance = r->value("contended_cover_chance", -1.0);
+      options.rebalance.make_room_chance_ratio = r->value("make_room_chance_ratio", -1.0);
     }
     if (const auto f = o.find("forecast"); f != o.end()) {
       options.forecast.enabled = f->at("enabled").get<bool>();

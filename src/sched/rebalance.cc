@@ -12,13 +12,36 @@ namespace nbos::sched {
 
 namespace {
 
+using Evictee = std::pair<const IdleKernel*, const ReplicaView*>;
+
+// Lower key = a replica that gives up its place sooner (make_room_chance_ratio).
+auto EvictionKey(const Evictee& e) {
+  return std::make_tuple(e.first->return_chance,
+                         e.second->replica_id == e.first->kernel->last_executor,
+                         std::string_view(e.first->kernel->kernel_id));
+}
+
 // An accepting server with at least the smallest need's idle GPUs: the only servers that can
 // cover an idle kernel or take one.
+// The first 8 bytes of an id, big-endian, zero-padded: ids (which hold no NUL) order as their
+// prefixes do, and only ids with equal prefixes need a string comparison.
+uint64_t IdPrefix(std::string_view id) {
+  uint64_t prefix = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    prefix = (prefix << 8) | (i < id.size() ? static_cast<unsigned char>(id[i]) : 0u);
+  }
+  return prefix;
+}
+
 struct Roomy {
   const ServerView* server;
+  uint64_t id_prefix = 0;    // IdPrefix(server->server_id)
   int32_t relied = 0;        // idle kernels that count on this server alone for their GPUs
   double relied_chance = 0;  // their return chances, summed (contended_cover_chance)
   Resources added;           // replicas this decision already sends here
+  // make_room_chance_ratio: the replicas here of idle kernels out of their cooldown, least
+  // likely first (EvictionKey).
+  std::vector<Evictee> evictees;
 };
 
 // SubscriptionFits counting the replicas this decision already sends to the server.
@@ -76,9 +99,16 @@ class RebalanceDecision {
   void SortMoving();
   void CountReplicas();
   int32_t ReplicasOn(std::string_view server_id) const;
+  bool MayCover(const IdleKernel& k, const Roomy& r, bool* releasable) const;
   Roomy* ChooseTarget(const IdleKernel& k);
   const ReplicaView* ChooseReplica(const KernelView& kernel) const;
   void AddPlan(const IdleKernel& k, Roomy& target, const ReplicaView& moving);
+  Roomy* MakeRoom(const IdleKernel& k);
+  void IndexEvictees();
+  const ServerView* ChooseRefuge(const IdleKernel& evictee);
+  bool FitsElsewhere(const ServerView& server, const Resources& request) const;
+  void AddEviction(const IdleKernel& evictee, const ReplicaView& moving, Roomy& from,
+                   const ServerView& to, const IdleKernel& for_kernel);
 
   const ClusterState& cluster_;
   const int64_t now_ms_;
@@ -97,6 +127,12 @@ class RebalanceDecision {
   // kernel may move: it walks every replica). Updated with this decision's own plans.
   bool spare_ = false;
   std::map<std::string_view, int32_t> replicas_on_;
+  std::set<const KernelView*> planned_;  // kernels this decision moves (one plan each)
+  // For make_room_chance_ratio: the idle kernels, and what this decision sends to servers
+  // outside roomy_.
+  const std::vector<IdleKernel>* idle_ = nullptr;
+  std::map<std::string_view, Resources> added_elsewhere_;
+  bool evictees_indexed_ = false;
   RebalanceChoice choice_;
 };
 
@@ -110,20 +146,31 @@ RebalanceDecision::RebalanceDecision(const ClusterState& cluster, int64_t now_ms
       min_gpus_(std::max(options.min_gpus, 1)),
       contention_(options.contended_cover_chance >= 0) {
   for (const auto& [id, server] : cluster.servers()) {
-    if (server.accepting && server.IdleGpus() >= min_gpus_) roomy_.push_back({&server});
+    if (server.accepting && server.IdleGpus() >= min_gpus_) {
+      roomy_.push_back({&server, IdPrefix(server.server_id)});
+    }
   }
   for (const Roomy& r : roomy_) max_idle_gpus_ = std::max(max_idle_gpus_, r.server->IdleGpus());
 }
 
 Roomy* RebalanceDecision::FindRoomy(std::string_view server_id) {
-  auto it = std::lower_bound(
-      roomy_.begin(), roomy_.end(), server_id,
-      [](const Roomy& r, std::string_view v) { return std::string_view(r.server->server_id) < v; });
-  return it != roomy_.end() && it->server->server_id == server_id ? &*it : nullptr;
+  // Called for every replica of every idle kernel on every call: comparing the ids' first bytes
+  // as one integer settles nearly every step without a string comparison.
+  const uint64_t prefix = IdPrefix(server_id);
+  auto it = std::lower_bound(roomy_.begin(), roomy_.end(), server_id,
+                             [prefix](const Roomy& r, std::string_view v) {
+                               if (r.id_prefix != prefix) return r.id_prefix < prefix;
+                               return std::string_view(r.server->server_id) < v;
+                             });
+  if (it == roomy_.end() || it->id_prefix != prefix) return nullptr;
+  const std::string& found = it->server->server_id;
+  return found.size() == server_id.size() && (found.size() <= 8 || found == server_id) ? &*it
+                                                                                       : nullptr;
 }
 
 void RebalanceDecision::FindKernelsToMove(const std::vector<IdleKernel>& idle) {
   for (const IdleKernel* k : InCoverOrder(idle, contention_)) Consider(*k);
+  idle_ = &idle;
   SortMoving();
   spare_ = options_.spare_servers_max_replicas >= 0 && !moving_.empty();
   if (spare_) CountReplicas();
@@ -203,14 +250,14 @@ int32_t RebalanceDecision::ReplicasOn(std::string_view server_id) const {
 void RebalanceDecision::PlanMoves() {
   bool without_target = false;
   // A kernel listed twice (for its cover and for a whole server) moves one replica per call.
-  std::set<const KernelView*> planned;
   for (const IdleKernel* k : moving_) {
     if (static_cast<int32_t>(choice_.plans.size()) >= options_.max_per_tick) {
       choice_.quiet_until_ms = now_ms_;  // cut by the bound: the next call has work
       break;
     }
-    if (planned.contains(k->kernel)) continue;
+    if (planned_.contains(k->kernel)) continue;
     Roomy* target = ChooseTarget(*k);
+    if (target == nullptr) target = MakeRoom(*k);
     if (target == nullptr) {
       without_target = true;
       continue;
@@ -218,11 +265,25 @@ void RebalanceDecision::PlanMoves() {
     const ReplicaView* moving = ChooseReplica(*k->kernel);
     if (moving == nullptr) continue;  // a kernel without replicas has nothing to move
     AddPlan(*k, *target, *moving);
-    planned.insert(k->kernel);
   }
   // A kernel may have lacked a target only because this decision's own plans took the room; if
   // the caller drops those plans, the next call may differ.
   if (without_target && !choice_.plans.empty()) choice_.quiet_until_ms = now_ms_;
+}
+
+// Whether `r` would be a target for `k` were there room on it; sets *releasable.
+bool RebalanceDecision::MayCover(const IdleKernel& k, const Roomy& r, bool* releasable) const {
+  const ServerView& server = *r.server;
+  if (excluded_servers_.contains(server.server_id) || server.IdleGpus() < k.gpus_needed ||
+      k.kernel->HasReplicaOn(server.server_id) ||
+      (sparing_.contains(&k) && server.committed.gpus == 0)) {
+    return false;
+  }
+  // A target the auto-scaler could release once idle: a replica there would keep it. Pinning
+  // such a server pays only for a kernel likely to run a cell soon; a long-idle one waits for
+  // a server that is kept anyway.
+  *releasable = spare_ && ReplicasOn(server.server_id) <= options_.spare_servers_max_replicas;
+  return !*releasable || MayPinReleasable(k, now_ms_, options_);
 }
 
 Roomy* RebalanceDecision::ChooseTarget(const IdleKernel& k) {
@@ -232,18 +293,8 @@ Roomy* RebalanceDecision::ChooseTarget(const IdleKernel& k) {
   TargetKey best_target;
   for (Roomy& r : roomy_) {
     const ServerView& server = *r.server;
-    if (excluded_servers_.contains(server.server_id) || server.IdleGpus() < k.gpus_needed ||
-        kernel.HasReplicaOn(server.server_id) ||
-        (sparing_.contains(&k) && server.committed.gpus == 0)) {
-      continue;
-    }
-    if (!FitsWithPlanned(r, kernel.request)) continue;
-    // A target the auto-scaler could release once idle: a replica there would keep it. Pinning
-    // such a server pays only for a kernel likely to run a cell soon; a long-idle one waits for
-    // a server that is kept anyway.
-    const bool releasable =
-        spare_ && ReplicasOn(server.server_id) <= options_.spare_servers_max_replicas;
-    if (releasable && !MayPinReleasable(k, now_ms_, options_)) continue;
+    bool releasable = false;
+    if (!MayCover(k, r, &releasable) || !FitsWithPlanned(r, kernel.request)) continue;
     TargetKey key{releasable,
                   contention_ ? r.relied_chance : 0.0,
                   r.relied,
@@ -299,11 +350,133 @@ void RebalanceDecision::AddPlan(const IdleKernel& k, Roomy& target, const Replic
       std::to_string(k.gpus_needed) + " idle GPUs; " + target.server->server_id + " has " +
       std::to_string(target.server->IdleGpus());
   choice_.plans.push_back(std::move(plan));
+  planned_.insert(&kernel);
   ++target.relied;
   target.relied_chance += std::max(k.return_chance, 0.0);
   target.added += kernel.request;
   if (spare_) {
     ++replicas_on_[target.server->server_id];
+    --replicas_on_[moving.server_id];
+  }
+  choice_.quiet_until_ms = std::min(choice_.quiet_until_ms, now_ms_ + options_.kernel_cooldown_ms);
+}
+
+// The likeliest kernels found the servers that would cover them full of the replicas of kernels
+// that ran cells there long ago; one of those gives up its place (make_room_chance_ratio).
+Roomy* RebalanceDecision::MakeRoom(const IdleKernel& k) {
+  if (options_.make_room_chance_ratio < 0 || k.return_chance <= 0 ||
+      static_cast<int32_t>(choice_.plans.size()) + 2 > options_.max_per_tick) {
+    return nullptr;
+  }
+  IndexEvictees();
+  const double max_chance = k.return_chance * options_.make_room_chance_ratio;
+  Roomy* from = nullptr;
+  Evictee evictee{};
+  for (Roomy& r : roomy_) {
+    bool releasable = false;
+    if (r.evictees.empty() || r.evictees.front().first->return_chance > max_chance ||
+        !MayCover(k, r, &releasable) || FitsWithPlanned(r, k.kernel->request)) {
+      continue;
+    }
+    for (const Evictee& e : r.evictees) {
+      if (e.first->return_chance > max_chance) break;
+      if (planned_.contains(e.first->kernel)) continue;
+      const Roomy without{r.server, r.id_prefix, 0, 0, r.added - e.first->kernel->request, {}};
+      if (!FitsWithPlanned(without, k.kernel->request)) continue;
+      if (from == nullptr || EvictionKey(e) < EvictionKey(evictee)) {
+        from = &r;
+        evictee = e;
+      }
+      break;  // the first that fits is this server's best
+    }
+  }
+  if (from == nullptr) return nullptr;
+  const ServerView* refuge = ChooseRefuge(*evictee.first);
+  if (refuge == nullptr) return nullptr;
+  AddEviction(*evictee.first, *evictee.second, *from, *refuge, k);
+  return from;
+}
+
+void RebalanceDecision::IndexEvictees() {
+  if (evictees_indexed_) return;
+  evictees_indexed_ = true;
+  // A kernel may be listed twice (for its cover and for a whole server): its likeliest entry.
+  std::map<const KernelView*, const IdleKernel*> likeliest;
+  for (const IdleKernel& k : *idle_) {
+    const IdleKernel*& entry = likeliest[k.kernel];
+    if (entry == nullptr || k.return_chance > entry->return_chance) entry = &k;
+  }
+  for (const auto& [kernel, k] : likeliest) {
+    if (k->return_chance < 0 || k->last_rebalanced_ms > now_ms_ - options_.kernel_cooldown_ms) {
+      continue;
+    }
+    for (const ReplicaView& replica : kernel->replicas) {
+      if (Roomy* r = FindRoomy(replica.server_id); r != nullptr)
+        r->evictees.emplace_back(k, &replica);
+    }
+  }
+  for (Roomy& r : roomy_) {
+    std::sort(r.evictees.begin(), r.evictees.end(),
+              [](const Evictee& a, const Evictee& b) { return EvictionKey(a) < EvictionKey(b); });
+  }
+}
+
+const ServerView* RebalanceDecision::ChooseRefuge(const IdleKernel& evictee) {
+  const KernelView& kernel = *evictee.kernel;
+  using RefugeKey = std::tuple<bool, double, std::string_view>;
+  const ServerView* refuge = nullptr;
+  RefugeKey best;
+  for (const auto& [id, server] : cluster_.servers()) {
+    if (!server.accepting || excluded_servers_.contains(id) || kernel.HasReplicaOn(id)) continue;
+    Roomy* r = FindRoomy(id);
+    if (r != nullptr ? !FitsWithPlanned(*r, kernel.request)
+                     : !FitsElsewhere(server, kernel.request)) {
+      continue;
+    }
+    if (spare_ && ReplicasOn(id) <= options_.spare_servers_max_replicas &&
+        !MayPinReleasable(evictee, now_ms_, options_)) {
+      continue;
+    }
+    const Resources added = r != nullptr ? r->added : added_elsewhere_[id];
+    const RefugeKey key{server.committed.gpus == 0, HostSubscriptionRatio(server, added),
+                        std::string_view(id)};
+    if (refuge == nullptr || key < best) {
+      refuge = &server;
+      best = key;
+    }
+  }
+  return refuge;
+}
+
+bool RebalanceDecision::FitsElsewhere(const ServerView& server, const Resources& request) const {
+  const auto it = added_elsewhere_.find(server.server_id);
+  if (it == added_elsewhere_.end()) return SubscriptionFits(server, request);
+  ServerView with_planned = server;
+  with_planned.subscribed += it->second;
+  return SubscriptionFits(with_planned, request);
+}
+
+void RebalanceDecision::AddEviction(const IdleKernel& evictee, const ReplicaView& moving,
+                                    Roomy& from, const ServerView& to,
+                                    const IdleKernel& for_kernel) {
+  const KernelView& kernel = *evictee.kernel;
+  RebalancePlan plan;
+  plan.kernel_id = kernel.kernel_id;
+  plan.plan.replica_id = moving.replica_id;
+  plan.plan.from_server_id = moving.server_id;
+  plan.plan.to_server_id = to.server_id;
+  plan.plan.reason = "proactive: makes room on " + from.server->server_id + " for kernel '" +
+                     for_kernel.kernel->kernel_id + "', likelier to run a cell soon";
+  choice_.plans.push_back(std::move(plan));
+  planned_.insert(&kernel);
+  from.added -= kernel.request;
+  if (Roomy* r = FindRoomy(to.server_id); r != nullptr) {
+    r->added += kernel.request;
+  } else {
+    added_elsewhere_[to.server_id] += kernel.request;
+  }
+  if (spare_) {
+    ++replicas_on_[to.server_id];
     --replicas_on_[moving.server_id];
   }
   choice_.quiet_until_ms = std::min(choice_.quiet_until_ms, now_ms_ + options_.kernel_cooldown_ms);

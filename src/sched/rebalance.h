@@ -53,6 +53,13 @@ struct RebalanceOptions {
   // relying on that server alone add up to at least this chance (their cells would race for
   // it), and moves like an uncovered one. Negative: off.
   double contended_cover_chance = -1;
+  // For kernels with a forecast: a kernel that finds no target only because the servers that
+  // would cover it are full (SubscriptionFits) takes the place of a replica of an idle kernel at
+  // most this fraction as likely to return, on one of them. That replica moves first, to a
+  // server with room, one with GPUs committed first, so that it fills no other idle server. The
+  // two moves are two plans. Wholly idle servers collect the replicas of every kernel whose cells
+  // ran there; without this, the likeliest kernels found them full. Negative: off.
+  double make_room_chance_ratio = -1;
 };
 
 // One proactive move: which kernel's replica goes where.
@@ -94,6 +101,14 @@ struct IdleKernel {
 // - Replica: one on a server missing from the view or not accepting first, then not the last
 //   executor, then one whose server holds spare_servers_max_replicas + 1 replicas (when that is
 //   >= 0), then highest SR_h, then fewest idle GPUs, then lowest replica id.
+// - With make_room_chance_ratio >= 0 and no target: among the full servers that would otherwise
+//   be targets, the replica there of the least likely idle kernel (return chance at most the
+//   ratio times this kernel's, out of its cooldown, not moved yet by this decision; then not its
+//   last executor, then kernel_id) whose leaving makes room, and a refuge for it: accepting, not
+//   excluded, holds no replica of its kernel, fits, not releasable unless that kernel may pin
+//   it (as for targets), GPUs committed first, then lowest SR_h, then server_id. Its plan
+//   comes first, then this kernel's to the server it left; only when both fit within
+//   max_per_tick. The evicted kernel needs a forecast (return_chance >= 0).
 // A kernel with no eligible target gets no plan (no scale-out is asked for: nothing waits). A
 // kernel may be listed more than once with different gpus_needed; it gets at most one plan per
 // call (its first in the order above).

@@ -323,5 +323,71 @@ TEST(RebalanceTest, AKernelListedTwiceMovesOneReplicaPerCall) {
   EXPECT_EQ(ChooseRebalance(cluster, {idle[1], idle[1]}, 1000000, On()).plans.size(), 1u);
 }
 
+// k (likely, needs a whole server) has its replicas on busy servers a, b, c. e is wholly idle
+// but has memory for three replicas only, and holds those of idle kernels u1, u2, u3. d (4 of
+// 8 GPUs busy) and g (a wholly idle 4-GPU server) have room.
+struct FullCover {
+  ClusterState cluster = Cluster({Server("a", 8), Server("b", 8), Server("c", 8), Server("d", 8),
+                                  Server("e", 8, 64000, 3 * 1024), Server("g", 4)});
+  FullCover() {
+    for (const char* s : {"a", "b", "c"}) EXPECT_TRUE(cluster.Commit(s, Gpus(8)).ok());
+    EXPECT_TRUE(cluster.Commit("d", Gpus(4)).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("k", Req(8), {"a", "b", "c"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("u1", Req(1), {"e", "a", "b"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("u2", Req(1), {"e", "b", "c"})).ok());
+    EXPECT_TRUE(cluster.AddKernel(Kernel("u3", Req(1), {"e", "a", "c"})).ok());
+  }
+  // u1's chance is 0.05, u2's 0.2, u3's 0.5; k's 0.6.
+  std::vector<std::string> Plans(const RebalanceOptions& o, int64_t u1_rebalanced_ms,
+                                 const std::set<std::string, std::less<>>& excluded = {}) const {
+    const int64_t never = std::numeric_limits<int64_t>::lowest();
+    const std::vector<IdleKernel> idle = {{cluster.FindKernel("u3"), 1, 0, never, 0.5},
+                                          {cluster.FindKernel("k"), 8, 0, never, 0.6},
+                                          {cluster.FindKernel("u1"), 1, 0, u1_rebalanced_ms, 0.05},
+                                          {cluster.FindKernel("u2"), 1, 0, never, 0.2}};
+    std::vector<std::string> got;
+    for (const RebalancePlan& p : ChooseRebalance(cluster, idle, 1000000, o, excluded).plans) {
+      got.push_back(Show(p));
+    }
+    return got;
+  }
+};
+
+TEST(RebalanceTest, ALikelyKernelTakesThePlaceOfAnUnlikelyOneOnAFullServer) {
+  FullCover c;
+  const int64_t never = std::numeric_limits<int64_t>::lowest();
+  RebalanceOptions o = On();
+  EXPECT_EQ(c.Plans(o, never), std::vector<std::string>{});  // off by default: e is full
+  o.make_room_chance_ratio = 0.5;
+  // u1, the least likely, leaves e for d (GPUs committed, before the wholly idle g); then k's
+  // replica goes to e.
+  const std::vector<std::string> want = {"u1:1:e->d", "k:1:a->e"};
+  EXPECT_EQ(c.Plans(o, never), want);
+  // u1 moved proactively a moment ago: u2 (0.2 <= 0.5 x 0.6) gives up its place instead.
+  const std::vector<std::string> in_cooldown = {"u2:1:e->d", "k:1:a->e"};
+  EXPECT_EQ(c.Plans(o, 990000), in_cooldown);
+  // Nobody on e is at most a tenth as likely as k (0.06): nothing moves.
+  o.make_room_chance_ratio = 0.1;
+  EXPECT_EQ(c.Plans(o, 990000), std::vector<std::string>{});
+  // Both moves or neither: the bound leaves room for one plan only.
+  o.make_room_chance_ratio = 0.5;
+  o.max_per_tick = 1;
+  EXPECT_EQ(c.Plans(o, never), std::vector<std::string>{});
+}
+
+// With c and d on their way out, the only server that can take u1's replica is g, wholly idle.
+// (k's replica on c, which is leaving, is the one that moves.)
+TEST(RebalanceTest, AnUnlikelyKernelLeavesForAWhollyIdleServerOnlyWithoutABusyOne) {
+  FullCover c;
+  ASSERT_TRUE(c.cluster.SetAccepting("c", false).ok());
+  ASSERT_TRUE(c.cluster.SetAccepting("d", false).ok());
+  RebalanceOptions o = On();
+  o.make_room_chance_ratio = 0.5;
+  const std::vector<std::string> want = {"u1:1:e->g", "k:3:c->e"};
+  EXPECT_EQ(c.Plans(o, std::numeric_limits<int64_t>::lowest()), want);
+  // Nor to a server the caller excludes: then nothing moves.
+  EXPECT_EQ(c.Plans(o, std::numeric_limits<int64_t>::lowest(), {"g"}), std::vector<std::string>{});
+}
+
 }  // namespace
 }  // namespace nbos::sched

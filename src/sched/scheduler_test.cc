@@ -697,7 +697,10 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->forecast.whole_cover_min_chance, -1);
   EXPECT_EQ(EncodeJournalHeader(o).find("idle_servers"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("whole_cover"), std::string::npos);
+  EXPECT_EQ(back->rebalance.make_room_chance_ratio, -1);
+  EXPECT_EQ(EncodeJournalHeader(o).find("make_room"), std::string::npos);
   o.forecast.idle_servers_z = 2.5;
+  o.rebalance.make_room_chance_ratio = 0.5;
   o.forecast.whole_cover_min_chance = 0.05;
   o.scaling.release_idle_servers_margin = 2;
   back = DecodeJournalHeader(EncodeJournalHeader(o));
@@ -705,6 +708,7 @@ TEST(SchedulerForecastTest, TheJournalHeaderKeepsTheForecastOptions) {
   EXPECT_EQ(back->forecast.idle_servers_z, 2.5);
   EXPECT_EQ(back->scaling.release_idle_servers_margin, 2);
   EXPECT_EQ(back->forecast.whole_cover_min_chance, 0.05);
+  EXPECT_EQ(back->rebalance.make_room_chance_ratio, 0.5);
   o.forecast.enabled = false;
   EXPECT_EQ(EncodeJournalHeader(o).find("forecast"), std::string::npos);
   EXPECT_EQ(EncodeJournalHeader(o).find("pinning"), std::string::npos);

@@ -66,6 +66,7 @@ using nlohmann::json;
   X(release_pin_min_chance)           \
   X(rebalance_spare_whole_min_chance) \
   X(rebalance_contended_cover_chance) \
+  X(rebalance_make_room_ratio)        \
   X(executor_spare_cover_chance)      \
   X(forecast_idle_servers_z)          \
   X(release_idle_servers_margin)      \
@@ -690,7 +691,7 @@ class Sim {
     const sched::ServerView* to = sched_.cluster().FindServer(p.plan.to_server_id);
     if (!s.held || s.running || s.waiting || !s.queue.empty() || k == nullptr ||
         k->FindReplica(p.plan.replica_id) == nullptr || to == nullptr || !to->accepting ||
-        k->HasReplicaOn(p.plan.to_server_id)) {
+        k->HasReplicaOn(p.plan.to_server_id) || !sched::SubscriptionFits(*to, k->request)) {
       return;
     }
     const int64_t done_ms =
@@ -965,6 +966,7 @@ sched::SchedulerOptions SchedulerOptionsFor(const SimOptions& options) {
     s.forecast.pin_min_chance = c.release_pin_min_chance;
     s.rebalance.spare_whole_min_chance = c.rebalance_spare_whole_min_chance;
     s.rebalance.contended_cover_chance = c.rebalance_contended_cover_chance;
+    s.rebalance.make_room_chance_ratio = c.rebalance_make_room_ratio;
     s.forecast.spare_cover_min_chance = c.executor_spare_cover_chance;
     s.scaling.release_max_pinning_replicas = c.release_max_pinning_replicas;
     s.forecast.idle_servers_z = c.forecast_idle_servers_z;

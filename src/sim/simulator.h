@@ -95,6 +95,10 @@ struct SimConfig {
   // when likelier kernels relying on that server alone add up to this chance
   // (sched::RebalanceOptions::contended_cover_chance). < 0: off.
   double rebalance_contended_cover_chance = 0.3;
+  // With the forecast: a kernel whose covering servers are all full takes the place of a replica
+  // of an idle kernel at most this fraction as likely to return, which moves elsewhere
+  // (sched::RebalanceOptions::make_room_chance_ratio). < 0: off.
+  double rebalance_make_room_ratio = 0.5;
   // With the forecast: executor choice puts a cell first on the replica whose server is the only
   // cover of the fewest idle kernels at least this likely to return, sparing their covers
   // (sched::ForecastOptions::spare_cover_min_chance). < 0: off.
@@ -103,7 +107,7 @@ struct SimConfig {
   // cells idle kernels are expected to run within the horizon, and scale-in keeps that many plus
   // the margin (sched::ForecastOptions::idle_servers_z,
   // sched::ScalingOptions::release_idle_servers_margin). z < 0: off.
-  double forecast_idle_servers_z = 3.5;
+  double forecast_idle_servers_z = 2.5;
   int32_t release_idle_servers_margin = 1;
   // With the forecast: rebalancing also keeps an idle kernel whose cover is smaller than a server
   // next to a wholly idle one when it is at least this likely to run a whole-server cell within
