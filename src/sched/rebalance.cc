@@ -21,10 +21,8 @@ auto EvictionKey(const Evictee& e) {
                          std::string_view(e.first->kernel->kernel_id));
 }
 
-// An accepting server with at least the smallest need's idle GPUs: the only servers that can
-// cover an idle kernel or take one.
-// The first 8 bytes of an id, big-endian, zero-padded: ids (which hold no NUL) order as their
-// prefixes do, and only ids with equal prefixes need a string comparison.
+// The first 8 bytes of an id, big-endian, zero-padded: ids whose prefixes differ order as their
+// prefixes do, so only ids with equal prefixes need a string comparison.
 uint64_t IdPrefix(std::string_view id) {
   uint64_t prefix = 0;
   for (size_t i = 0; i < 8; ++i) {
@@ -33,6 +31,8 @@ uint64_t IdPrefix(std::string_view id) {
   return prefix;
 }
 
+// An accepting server with at least the smallest need's idle GPUs: the only servers that can
+// cover an idle kernel or take one.
 struct Roomy {
   const ServerView* server;
   uint64_t id_prefix = 0;    // IdPrefix(server->server_id)
@@ -437,7 +437,10 @@ const ServerView* RebalanceDecision::ChooseRefuge(const IdleKernel& evictee) {
         !MayPinReleasable(evictee, now_ms_, options_)) {
       continue;
     }
-    const Resources added = r != nullptr ? r->added : added_elsewhere_[id];
+    const auto elsewhere = added_elsewhere_.find(id);
+    const Resources added = r != nullptr                          ? r->added
+                            : elsewhere != added_elsewhere_.end() ? elsewhere->second
+                                                                  : Resources{};
     const RefugeKey key{server.committed.gpus == 0, HostSubscriptionRatio(server, added),
                         std::string_view(id)};
     if (refuge == nullptr || key < best) {
