@@ -45,11 +45,15 @@ struct Roomy {
 };
 
 // SubscriptionFits counting the replicas this decision already sends to the server.
-bool FitsWithPlanned(const Roomy& r, const Resources& request) {
-  if (r.added.IsZero()) return SubscriptionFits(*r.server, request);
-  ServerView with_planned = *r.server;
-  with_planned.subscribed += r.added;
+bool FitsWith(const ServerView& server, const Resources& added, const Resources& request) {
+  if (added.IsZero()) return SubscriptionFits(server, request);
+  ServerView with_planned = server;
+  with_planned.subscribed += added;
   return SubscriptionFits(with_planned, request);
+}
+
+bool FitsWithPlanned(const Roomy& r, const Resources& request) {
+  return FitsWith(*r.server, r.added, request);
 }
 
 // Whether a kernel is likely enough to run a cell soon to pin a server scale-in could release.
@@ -103,10 +107,11 @@ class RebalanceDecision {
   Roomy* ChooseTarget(const IdleKernel& k);
   const ReplicaView* ChooseReplica(const KernelView& kernel) const;
   void AddPlan(const IdleKernel& k, Roomy& target, const ReplicaView& moving);
+  void PushPlan(const KernelView& kernel, const ReplicaView& moving,
+                const std::string& to_server_id, std::string reason);
   Roomy* MakeRoom(const IdleKernel& k);
   void IndexEvictees();
   const ServerView* ChooseRefuge(const IdleKernel& evictee);
-  bool FitsElsewhere(const ServerView& server, const Resources& request) const;
   void AddEviction(const IdleKernel& evictee, const ReplicaView& moving, Roomy& from,
                    const ServerView& to, const IdleKernel& for_kernel);
 
@@ -338,24 +343,32 @@ const ReplicaView* RebalanceDecision::ChooseReplica(const KernelView& kernel) co
 void RebalanceDecision::AddPlan(const IdleKernel& k, Roomy& target, const ReplicaView& moving) {
   const KernelView& kernel = *k.kernel;
   const bool sparing = sparing_.contains(&k);
+  PushPlan(
+      kernel, moving, target.server->server_id,
+      "proactive: " +
+          std::string(sparing ? "only wholly idle replica servers of" : "no replica server of") +
+          " kernel '" + kernel.kernel_id + (sparing ? "' have " : "' has ") +
+          std::to_string(k.gpus_needed) + " idle GPUs; " + target.server->server_id + " has " +
+          std::to_string(target.server->IdleGpus()));
+  ++target.relied;
+  target.relied_chance += std::max(k.return_chance, 0.0);
+  target.added += kernel.request;
+}
+
+// What every plan does to this decision's view: the kernel has moved, the replica counts follow
+// it, and the next call has work once the kernel's cooldown ends.
+void RebalanceDecision::PushPlan(const KernelView& kernel, const ReplicaView& moving,
+                                 const std::string& to_server_id, std::string reason) {
   RebalancePlan plan;
   plan.kernel_id = kernel.kernel_id;
   plan.plan.replica_id = moving.replica_id;
   plan.plan.from_server_id = moving.server_id;
-  plan.plan.to_server_id = target.server->server_id;
-  plan.plan.reason =
-      "proactive: " +
-      std::string(sparing ? "only wholly idle replica servers of" : "no replica server of") +
-      " kernel '" + kernel.kernel_id + (sparing ? "' have " : "' has ") +
-      std::to_string(k.gpus_needed) + " idle GPUs; " + target.server->server_id + " has " +
-      std::to_string(target.server->IdleGpus());
+  plan.plan.to_server_id = to_server_id;
+  plan.plan.reason = std::move(reason);
   choice_.plans.push_back(std::move(plan));
   planned_.insert(&kernel);
-  ++target.relied;
-  target.relied_chance += std::max(k.return_chance, 0.0);
-  target.added += kernel.request;
   if (spare_) {
-    ++replicas_on_[target.server->server_id];
+    ++replicas_on_[to_server_id];
     --replicas_on_[moving.server_id];
   }
   choice_.quiet_until_ms = std::min(choice_.quiet_until_ms, now_ms_ + options_.kernel_cooldown_ms);
@@ -381,8 +394,7 @@ Roomy* RebalanceDecision::MakeRoom(const IdleKernel& k) {
     for (const Evictee& e : r.evictees) {
       if (e.first->return_chance > max_chance) break;
       if (planned_.contains(e.first->kernel)) continue;
-      const Roomy without{r.server, r.id_prefix, 0, 0, r.added - e.first->kernel->request, {}};
-      if (!FitsWithPlanned(without, k.kernel->request)) continue;
+      if (!FitsWith(*r.server, r.added - e.first->kernel->request, k.kernel->request)) continue;
       if (from == nullptr || EvictionKey(e) < EvictionKey(evictee)) {
         from = &r;
         evictee = e;
@@ -428,19 +440,16 @@ const ServerView* RebalanceDecision::ChooseRefuge(const IdleKernel& evictee) {
   RefugeKey best;
   for (const auto& [id, server] : cluster_.servers()) {
     if (!server.accepting || excluded_servers_.contains(id) || kernel.HasReplicaOn(id)) continue;
-    Roomy* r = FindRoomy(id);
-    if (r != nullptr ? !FitsWithPlanned(*r, kernel.request)
-                     : !FitsElsewhere(server, kernel.request)) {
-      continue;
-    }
-    if (spare_ && ReplicasOn(id) <= options_.spare_servers_max_replicas &&
-        !MayPinReleasable(evictee, now_ms_, options_)) {
-      continue;
-    }
+    const Roomy* r = FindRoomy(id);
     const auto elsewhere = added_elsewhere_.find(id);
     const Resources added = r != nullptr                          ? r->added
                             : elsewhere != added_elsewhere_.end() ? elsewhere->second
                                                                   : Resources{};
+    if (!FitsWith(server, added, kernel.request)) continue;
+    if (spare_ && ReplicasOn(id) <= options_.spare_servers_max_replicas &&
+        !MayPinReleasable(evictee, now_ms_, options_)) {
+      continue;
+    }
     const RefugeKey key{server.committed.gpus == 0, HostSubscriptionRatio(server, added),
                         std::string_view(id)};
     if (refuge == nullptr || key < best) {
@@ -451,38 +460,19 @@ const ServerView* RebalanceDecision::ChooseRefuge(const IdleKernel& evictee) {
   return refuge;
 }
 
-bool RebalanceDecision::FitsElsewhere(const ServerView& server, const Resources& request) const {
-  const auto it = added_elsewhere_.find(server.server_id);
-  if (it == added_elsewhere_.end()) return SubscriptionFits(server, request);
-  ServerView with_planned = server;
-  with_planned.subscribed += it->second;
-  return SubscriptionFits(with_planned, request);
-}
-
 void RebalanceDecision::AddEviction(const IdleKernel& evictee, const ReplicaView& moving,
                                     Roomy& from, const ServerView& to,
                                     const IdleKernel& for_kernel) {
   const KernelView& kernel = *evictee.kernel;
-  RebalancePlan plan;
-  plan.kernel_id = kernel.kernel_id;
-  plan.plan.replica_id = moving.replica_id;
-  plan.plan.from_server_id = moving.server_id;
-  plan.plan.to_server_id = to.server_id;
-  plan.plan.reason = "proactive: makes room on " + from.server->server_id + " for kernel '" +
-                     for_kernel.kernel->kernel_id + "', likelier to run a cell soon";
-  choice_.plans.push_back(std::move(plan));
-  planned_.insert(&kernel);
+  PushPlan(kernel, moving, to.server_id,
+           "proactive: makes room on " + from.server->server_id + " for kernel '" +
+               for_kernel.kernel->kernel_id + "', likelier to run a cell soon");
   from.added -= kernel.request;
   if (Roomy* r = FindRoomy(to.server_id); r != nullptr) {
     r->added += kernel.request;
   } else {
     added_elsewhere_[to.server_id] += kernel.request;
   }
-  if (spare_) {
-    ++replicas_on_[to.server_id];
-    --replicas_on_[moving.server_id];
-  }
-  choice_.quiet_until_ms = std::min(choice_.quiet_until_ms, now_ms_ + options_.kernel_cooldown_ms);
 }
 
 }  // namespace
