@@ -26,6 +26,14 @@ each number beside a baseline measured in the same run.
                         baseline on disk (dir, and >= 500 MB/s); standby ready <= 1.5 x the
                         executor's sync time.
   3. per-cell overhead  round trip of `pass` on the replicated kernel vs the standalone kernel.
+  4. before/after       with --baseline-nbos B (another build, e.g. the one before a change):
+                        the same cells on a replica group of B and one of this build, strictly
+                        alternating, both executed by their Raft leader: `pass`; `pass` with
+                        numpy, torch, pandas and matplotlib imported; a cell that binds a name
+                        (this build also captures the process state after it); and a cell that
+                        changes settings (seeds, print and display options), which this build
+                        replicates.
+                        p50 and mean of the round trip, and this build's over B's.
 
 How the large-object numbers are derived (the executor's `nbos.timings_ms` are elect / run /
 commit; standbys report elect / follow):
@@ -585,6 +593,47 @@ def phase_overhead(args, new_group, group, seps, modes):
     return out
 
 
+LIBRARIES = "import random, numpy as np, torch, pandas as pd, matplotlib"
+SETTINGS = ("random.seed({i})\nnp.random.seed({i})\nnp.set_printoptions(precision={p})\n"
+            "pd.set_option('display.precision', {p})\nmatplotlib.rcParams['lines.linewidth'] = {p}")
+BEFORE_AFTER_CELLS = (
+    ("pass", None, lambda i: "pass"),
+    ("pass, libraries imported", LIBRARIES, lambda i: "pass"),
+    ("a cell that binds a name, libraries imported", None, lambda i: f"y = {i} + np.pi"),
+    ("a cell that changes settings", None, lambda i: SETTINGS.format(i=i, p=2 + i % 5)),
+)
+
+
+def phase_before_after(args, new_group):
+    """4. Each cell of BEFORE_AFTER_CELLS on a group of --baseline-nbos and on one of this
+    build, alternating, each on its group's Raft leader."""
+    current = os.environ["NBOS_BIN"]
+    os.environ["NBOS_BIN"] = args.baseline_nbos  # read as the group starts its replicas
+    try:
+        groups = {"before": new_group()}
+    finally:
+        os.environ["NBOS_BIN"] = current
+    groups["after"] = new_group()
+    eps = {k: g.endpoints() for k, g in groups.items()}
+    leaders = {k: find_leader(e, args.timeout, args.store_history)[0] for k, e in eps.items()}
+    out = {}
+    for name, setup, make_code in BEFORE_AFTER_CELLS:
+        log(f"4. before/after: {name}")
+        samples = {"before": [], "after": []}
+        for k in samples:
+            if setup:
+                run_cell(eps[k], setup, leaders[k], args.timeout, args.store_history)
+        for i in range(args.warmup + args.iterations):
+            for k in ("before", "after") if i % 2 else ("after", "before"):
+                c = run_cell(eps[k], make_code(i), leaders[k], args.timeout, args.store_history)
+                if i >= args.warmup:
+                    samples[k].append(c.rtt_ms(leaders[k]))
+        out[name] = {k: summarize(v) for k, v in samples.items()}
+    for g in groups.values():
+        g.close()
+    return out
+
+
 def large_cells(count, tensor_mb):
     rows = tensor_mb * 256  # rows x 1024 float32 = tensor_mb MiB
     create = ("_t0 = time.perf_counter()\n"
@@ -924,6 +973,20 @@ def report(res):
         out.append("   CPU ms/cell = user + system CPU of the kernel's processes (all three"
                    " replicas for the replicated one) over the measured cells, per cell")
 
+    # 4
+    ba = res.get("before_after")
+    if ba:
+        out.append(f"\n4. Before/after ({res['meta']['baseline_nbos']} -> this build; ms,"
+                   " request sent -> executor's execute_reply, alternating)")
+        rows = []
+        for name, r in ba.items():
+            b, a = r["before"], r["after"]
+            rows.append([name, str(a["n"]), f(b["p50"]), f(a["p50"]),
+                         f"{a['p50'] / b['p50']:.3f}x", f(b["mean"]), f(a["mean"]),
+                         f"{a['mean'] / b['mean']:.3f}x"])
+        out.append(table(["cell", "n", "before p50", "after p50", "p50 ratio", "before mean",
+                          "after mean", "mean ratio"], rows))
+
     # Targets
     lines = []
     if s:
@@ -976,7 +1039,9 @@ def parse_args(argv):
                         " of its LEAD: decision 0012), off (requests do not: the LEAD round"
                         " first, nbos's default), or both (default)")
     p.add_argument("--phases", default="small,large,overhead",
-                   help="comma-separated subset of small,large,overhead")
+                   help="comma-separated subset of small,large,overhead,before-after (the last"
+                        " needs --baseline-nbos)")
+    p.add_argument("--baseline-nbos", help="phase before-after: the nbos build to compare with")
     p.add_argument("--redis-server", default="/usr/bin/redis-server")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="per-request timeout for small cells, seconds (60)")
@@ -1014,8 +1079,14 @@ def parse_args(argv):
     a.run_ahead = [s.strip() for s in a.run_ahead.split(",") if s.strip()]
     if not a.run_ahead or any(s not in ("on", "off") for s in a.run_ahead):
         p.error("--run-ahead: on, off or on,off")
-    if any(s not in ("small", "large", "overhead") for s in a.phases):
-        p.error("--phases: choose from small, large, overhead")
+    if any(s not in ("small", "large", "overhead", "before-after") for s in a.phases):
+        p.error("--phases: choose from small, large, overhead, before-after")
+    if "before-after" in a.phases and not a.baseline_nbos:
+        p.error("--phases before-after needs --baseline-nbos")
+    if a.baseline_nbos:
+        a.baseline_nbos = os.path.abspath(a.baseline_nbos)
+        if "before-after" not in a.phases:
+            a.phases.append("before-after")
     if a.iterations < 1 or a.warmup < 0 or a.repeats < 1 or a.large_tensors < 1:
         p.error("iterations, repeats and large-tensors must be >= 1, warmup >= 0")
     if not a.large_mb or any(mb % a.large_tensors or mb < a.large_tensors for mb in a.large_mb):
@@ -1092,6 +1163,9 @@ def run(args, workdir):
                 log(f"  WARNING: namespaces differ after the small cells: {bad}")
         if "overhead" in args.phases:
             res["overhead"] = phase_overhead(args, new_group, group, seps, modes)
+        if "before-after" in args.phases:
+            res["meta"]["baseline_nbos"] = args.baseline_nbos
+            res["before_after"] = phase_before_after(args, new_group)
         if standalone is not None:
             standalone.close()
         if "large" in args.phases:

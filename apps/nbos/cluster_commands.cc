@@ -125,6 +125,9 @@ struct UpArgs {
   bool frontend = false;
   int frontend_port = 0;     // 0: any free port
   std::string frontend_dir;  // its notebooks; default: the current directory
+  // The workspace kernels run in (gateway and daemons --workspace-root); default: the front
+  // end's directory, else the current directory.
+  std::string workspace_root;
   std::string state_dir;
   std::string decision_journal;
   std::string blob_store;  // default dir://STATE/blobs
@@ -226,6 +229,15 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
     return 2;
   }
   args.options.idle_suspend_ms = static_cast<int64_t>(args.idle_suspend_minutes * 60'000);
+  if (!args.options.workspace_root.empty()) {
+    // Lexical only: the gateway need not mount the workspace (its daemons check it).
+    args.options.workspace_root = fs::absolute(args.options.workspace_root).lexically_normal();
+    if (args.options.workspace_root.ends_with('/')) args.options.workspace_root.pop_back();
+    if (args.options.workspace_root.empty()) {
+      std::cerr << "nbos gateway: --workspace-root must be a directory other than /\n";
+      return 2;
+    }
+  }
   if (!LoadCredential(args.credential_file, "gateway", &args.options.credential)) return 2;
   auto gw = gateway::Gateway::Start(args.options);
   if (!gw.ok()) {
@@ -402,6 +414,8 @@ void AppendLocalHostArgs(const UpArgs& args, std::vector<std::string>* argv) {
     argv->push_back("--local-sandbox-share");
     argv->push_back(fs::absolute(dir).string());
   }
+  argv->push_back("--local-workspace-root");
+  argv->push_back(args.workspace_root);
 }
 
 int CreateCredential(const std::string& path) {
@@ -462,18 +476,28 @@ std::optional<int> PrepareUp(UpArgs& args) {
     return 1;
   }
   if (args.port == 0) args.port = FreePort();
+  if (args.frontend && args.frontend_dir.empty()) args.frontend_dir = fs::current_path().string();
+  if (args.workspace_root.empty()) {
+    args.workspace_root = args.frontend ? args.frontend_dir : fs::current_path().string();
+  }
+  args.workspace_root = fs::weakly_canonical(fs::absolute(args.workspace_root), ec).string();
+  if (ec || !fs::is_directory(args.workspace_root) || args.workspace_root == "/") {
+    std::cerr << "nbos up: the workspace " << args.workspace_root
+              << " must be a directory other than / (--workspace-root)\n";
+    return 2;
+  }
   return std::nullopt;
 }
 
 Child GatewayChild(const UpArgs& args, const std::string& self_path, const std::string& control) {
   // The token goes by environment: a command line is readable by every process on the machine.
-  Child gateway{
-      "gateway",
-      {self_path, "gateway", "--port", std::to_string(args.port), "--control-address", control,
-       "--state-dir", args.state_dir + "/gateway", "--credential", args.credential, "--log-level",
-       args.log_level, "--max-kernels-per-user", std::to_string(args.max_kernels_per_user),
-       "--max-gpus-per-user", std::to_string(args.max_gpus_per_user)},
-      {{"NBOS_TOKEN", args.token}}};
+  Child gateway{"gateway",
+                {self_path, "gateway", "--port", std::to_string(args.port), "--control-address",
+                 control, "--state-dir", args.state_dir + "/gateway", "--credential",
+                 args.credential, "--log-level", args.log_level, "--max-kernels-per-user",
+                 std::to_string(args.max_kernels_per_user), "--max-gpus-per-user",
+                 std::to_string(args.max_gpus_per_user), "--workspace-root", args.workspace_root},
+                {{"NBOS_TOKEN", args.token}}};
   auto add = [&](std::string flag, std::string value) {
     gateway.argv.push_back(std::move(flag));
     gateway.argv.push_back(std::move(value));
@@ -505,6 +529,7 @@ std::vector<Child> DaemonChildren(const UpArgs& args, const std::string& self_pa
   hosts.warm_pool = args.warm_pool;
   hosts.sandbox = args.sandbox;
   hosts.raft_log_dir = args.raft_log_dir;
+  hosts.workspace_root = args.workspace_root;
   for (const std::string& dir : args.sandbox_share)
     hosts.sandbox_share.push_back(fs::absolute(dir).string());
   hosts.max_hosts = args.hosts;
@@ -634,6 +659,10 @@ void AddGatewayOptions(CLI::App* gw, GatewayArgs* args) {
   gw->add_option("--max-message-bytes", args->options.max_message_bytes,
                  "Largest HTTP body or Jupyter message accepted")
       ->capture_default_str();
+  gw->add_option("--workspace-root", args->options.workspace_root,
+                 "The directory kernels run in (their notebook's directory inside it), mounted at "
+                 "the same path on every server (a shared filesystem); with --users or JupyterHub "
+                 "a user who is no admin sees only DIR/<user>");
   gw->add_option("--allowed-env", args->options.allowed_env,
                  "Besides KERNEL_*, environment variables passed to kernels");
   gw->add_option("--kernelspec-alias", args->options.kernelspec_aliases,
@@ -692,6 +721,8 @@ void AddGatewayScalingOptions(CLI::App* gw, GatewayArgs* args) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   gw->add_option("--local-sandbox-share", args->local.sandbox_share,
                  "A directory every replica of the local servers may write (repeatable)");
+  gw->add_option("--local-workspace-root", args->local.workspace_root,
+                 "The servers' --workspace-root");
   gw->add_option("--local-raft-log-dir", args->local.raft_log_dir,
                  "Where replicas of local servers keep their Raft logs (nbos daemon "
                  "--raft-log-dir)")
@@ -745,6 +776,8 @@ void AddDaemonOptions(CLI::App* d, DaemonArgs* args) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   d->add_option("--sandbox-hide", args->options.sandbox_hide,
                 "A file or directory replicas must not see, besides --state-dir (repeatable)");
+  d->add_option("--workspace-root", args->options.workspace_root,
+                "The gateway's workspace root, mounted here at the same path (kernels run in it)");
   d->add_option("--sandbox-share", args->options.sandbox_share,
                 "A directory every replica may write, e.g. a team's scratch space (repeatable; "
                 "its permissions decide which kernels' users can)");
@@ -770,6 +803,9 @@ void AddUpOptions(CLI::App* up, UpArgs* args) {
       ->capture_default_str();
   up->add_option("--frontend-dir", args->frontend_dir,
                  "Where its notebooks live (default: the current directory)");
+  up->add_option("--workspace-root", args->workspace_root,
+                 "The directory kernels run in, their notebook's directory inside it (default: "
+                 "--frontend-dir with --frontend, else the current directory)");
   up->add_option("--warm-pool", args->warm_pool, "Pre-started replica processes per server")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));

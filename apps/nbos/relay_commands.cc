@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -32,11 +33,14 @@ void AddGatewayOptions(CLI::App* cmd, GatewayArgs* args) {
   cmd->add_option("--env", args->env,
                   "KEY=VALUE for the gateway kernel (repeatable); KERNEL_* variables of this "
                   "process are always sent");
+  cmd->add_flag("--send-working-dir", args->send_working_dir,
+                "Run the kernel in the notebook's directory (KERNEL_WORKING_DIR), which must lie "
+                "in the gateway's workspace (a gateway on this machine, or one sharing its files)");
   cmd->add_option("--log-level", args->log_level, "trace, debug, info, warn, error, off")
       ->capture_default_str();
 }
 
-Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args) {
+Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args, const std::string& working_dir) {
   relay::GatewayOptions o;
   o.url = args.url;
   o.token = args.token;
@@ -49,6 +53,7 @@ Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args) {
     }
     o.env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  if (args.send_working_dir) o.env.emplace("KERNEL_WORKING_DIR", working_dir);
   return o;
 }
 
@@ -133,7 +138,8 @@ int Relay(const std::string& connection_file, const GatewayArgs& args) {
     std::cerr << "nbos relay: " << info.status().message() << "\n";
     return 2;
   }
-  auto gateway = ToOptions(args);
+  // The kernel manager that started this relay made the notebook's directory its own.
+  auto gateway = ToOptions(args, std::filesystem::current_path().string());
   if (!gateway.ok()) {
     std::cerr << "nbos relay: " << gateway.status().message() << "\n";
     return 2;
@@ -148,7 +154,8 @@ int Relay(const std::string& connection_file, const GatewayArgs& args) {
 int RunNotebook(const GatewayArgs& args, relay::RunOptions options,
                 std::chrono::seconds cell_timeout, std::chrono::seconds startup_timeout) {
   InitLogging(2, args.log_level, "nbos-run");
-  auto gateway = ToOptions(args);
+  auto gateway = ToOptions(
+      args, std::filesystem::absolute(options.notebook).parent_path().lexically_normal().string());
   if (!gateway.ok()) {
     std::cerr << "nbos run: " << gateway.status().message() << "\n";
     return 2;
@@ -214,11 +221,15 @@ std::function<void(jupyter::KernelspecOptions*)> AddRelayKernelspecOptions(CLI::
                                                                            std::string self_path) {
   auto url = std::make_shared<std::string>();
   auto token = std::make_shared<std::string>();
+  auto send_working_dir = std::make_shared<bool>(false);
   install.add_option("--gateway", *url,
                      "Install a relay kernelspec for kernels on this gateway (http://HOST:PORT)");
   install.add_option("--token", *token,
                      "Gateway token written into the kernelspec; without it the relay reads "
                      "$NBOS_TOKEN when it starts");
+  install.add_flag("--send-working-dir", *send_working_dir,
+                   "The relay asks the gateway to run each kernel in its notebook's directory "
+                   "(nbos relay --send-working-dir)");
   CLI::Option* name = install.get_option("--name");
   CLI::Option* display_name = install.get_option("--display-name");
   return [=](jupyter::KernelspecOptions* spec) {
@@ -228,6 +239,7 @@ std::function<void(jupyter::KernelspecOptions*)> AddRelayKernelspecOptions(CLI::
       spec->argv.push_back("--token");
       spec->argv.push_back(*token);
     }
+    if (*send_working_dir) spec->argv.push_back("--send-working-dir");
     if (name->count() == 0) spec->name = "nbos-remote";
     if (display_name->count() == 0) spec->display_name = "Python 3 (nbos remote)";
   };

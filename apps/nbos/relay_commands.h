@@ -20,12 +20,17 @@ struct GatewayArgs {
   std::string kernel_name = "nbos";
   std::vector<std::string> env;  // KEY=VALUE
   std::string log_level = "warn";
+  // Ask the gateway to run the kernel in the notebook's directory (KERNEL_WORKING_DIR), which
+  // must then lie in its workspace: for a gateway whose servers share this machine's files.
+  bool send_working_dir = false;
 };
-// --gateway (required, $NBOS_GATEWAY), --token ($NBOS_TOKEN), --kernel-name, --env, --log-level.
+// --gateway (required, $NBOS_GATEWAY), --token ($NBOS_TOKEN), --kernel-name, --env,
+// --send-working-dir, --log-level.
 void AddGatewayOptions(CLI::App* cmd, GatewayArgs* args);
-// The gateway options (KERNEL_* of this process and --env in the kernel's env), or a message for
+// The gateway options (KERNEL_* of this process and --env in the kernel's env; with
+// --send-working-dir, `working_dir` as KERNEL_WORKING_DIR unless one is set), or a message for
 // the user.
-Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args);
+Result<relay::GatewayOptions> ToOptions(const GatewayArgs& args, const std::string& working_dir);
 
 // Adds the subcommands to `app`; the returned function runs whichever was chosen and returns
 // the process exit code, or -1 when none of them was.
@@ -33,7 +38,8 @@ std::function<int()> AddRelayCommands(CLI::App& app);
 
 // Adds --gateway and --token to `nbos kernelspec install`. The returned function, called after
 // parsing with the spec about to be installed, turns it into a relay kernelspec when --gateway
-// was given: argv [self_path, relay, -f, {connection_file}, --gateway, URL(, --token, T)], name
+// was given: argv [self_path, relay, -f, {connection_file}, --gateway, URL(, --token, T)
+// (, --send-working-dir)], name
 // "nbos-remote" and display name "Python 3 (nbos remote)" unless --name/--display-name were given.
 std::function<void(jupyter::KernelspecOptions*)> AddRelayKernelspecOptions(CLI::App& install,
                                                                            std::string self_path);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -54,7 +55,7 @@ int RunReplay(const ReplayArgs& a) {
   InitLogging(2, a.gateway.log_level, "nbos-replay");
   auto workload = LoadSlice(a.trace, a.slice);
   if (!workload.ok()) return Fail(workload.status());
-  auto gateway = ToOptions(a.gateway);
+  auto gateway = ToOptions(a.gateway, std::filesystem::current_path().string());
   if (!gateway.ok()) return Fail(gateway.status());
   sim::SimConfig base;
   if (!a.sim_config.empty()) {

@@ -21,6 +21,7 @@
 #include "replica/kernel_server.h"
 #include "replica/python_engine.h"
 #include "replica/replica_gate.h"
+#include "workspace/workspace_mount.h"
 
 namespace nbos::app {
 namespace {
@@ -30,8 +31,10 @@ struct ReplicaArgs {
   std::string log_level = "warn";
   replica::ReplicaOptions options;
   std::vector<std::string> peer_specs;
-  std::string run_as;                // UID:GID the replica takes before it runs any cell
-  std::vector<std::string> cgroups;  // cgroup directories it joins first
+  std::string run_as;                   // UID:GID the replica takes before it runs any cell
+  std::vector<std::string> cgroups;     // cgroup directories it joins first
+  workspace::WorkspaceMount workspace;  // root and visible part; uid and gid from run_as
+  std::string working_dir;              // where cells start
 };
 
 // The replica's options, on `cmd` (the subcommand, or the parser of a warm promotion).
@@ -76,6 +79,10 @@ void AddReplicaOptions(CLI::App& cmd, ReplicaArgs& a) {
   cmd.add_option("--run-as", a.run_as,
                  "UID:GID to switch to before running any cell (the daemon's sandbox)");
   cmd.add_option("--cgroup", a.cgroups, "cgroup directory to join first (repeatable)");
+  cmd.add_option("--workspace-root", a.workspace.root, "The workspace root the daemon exports");
+  cmd.add_option("--workspace", a.workspace.visible,
+                 "The part of it this kernel sees (mounted in the sandbox before --run-as)");
+  cmd.add_option("--working-dir", a.working_dir, "Where cells start (the notebook's directory)");
 }
 
 // The daemon's sandbox, from the inside: join the replica's cgroups (which needs the privileges
@@ -98,6 +105,18 @@ bool EnterSandbox(const ReplicaArgs& a) {
   if (std::sscanf(a.run_as.c_str(), "%u:%u%c", &uid, &gid, &extra) != 2 || uid == 0) {
     std::cerr << "nbos replica: --run-as wants UID:GID (not root), got '" << a.run_as << "'\n";
     return false;
+  }
+  if (!a.workspace.visible.empty()) {
+    workspace::WorkspaceMount mount = a.workspace;
+    mount.uid = uid;
+    mount.gid = gid;
+    auto note = workspace::MountWorkspace(mount);
+    if (!note.ok()) {
+      std::cerr << "nbos replica: " << note.status().message() << "\n";
+      return false;
+    }
+    if (!note->empty())
+      std::cerr << "nbos replica: workspace " << mount.visible << ": " << *note << "\n";
   }
   // Groups first (it needs the privilege the user id change takes away); setres* change every
   // thread (glibc), which a warm process with Python's threads needs.
@@ -130,6 +149,12 @@ std::optional<replica::KernelOptions> KernelOptionsFrom(const std::string& conne
 
 int RunReplica(ReplicaArgs& a, const std::string& version) {
   if (!EnterSandbox(a)) return 1;
+  // As the kernel's user: its permissions, not the daemon's, decide.
+  if (!a.working_dir.empty() && chdir(a.working_dir.c_str()) != 0) {
+    std::cerr << "nbos replica: cannot enter the working directory " << a.working_dir << ": "
+              << std::strerror(errno) << "\n";
+    return 1;
+  }
   std::string missing;
   if (a.connection_file.empty()) missing += " --connection-file";
   if (a.options.replica_id == 0) missing += " --id";

@@ -5,8 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <mutex>
 #include <set>
+
+#include "common/thread_annotations.h"
 
 namespace nbos::testing {
 namespace {
@@ -26,25 +27,31 @@ bool CanBind(int port) {
   return bound;
 }
 
+// The ports this process handed out, and where its next search starts.
+struct HandedOut {
+  Mutex mu;
+  std::set<int> ports GUARDED_BY(mu);
+  // Test processes run side by side (ctest -j, pytest beside unit tests): each starts its
+  // search at its own place in the range.
+  int next GUARDED_BY(mu) = static_cast<int>((static_cast<unsigned>(getpid()) * 7919u) %
+                                             kPortCount);
+};
+
 }  // namespace
 
 int FreeTestPort(int consecutive) {
-  static std::mutex mu;
-  static std::set<int> handed_out;
-  // Test processes run side by side (ctest -j, pytest beside unit tests): each starts its
-  // search at its own place in the range.
-  static int next = static_cast<int>((static_cast<unsigned>(getpid()) * 7919u) % kPortCount);
-  std::lock_guard lock(mu);
+  static HandedOut handed;
+  MutexLock lock(&handed.mu);
   for (int tried = 0; tried < kPortCount; ++tried) {
-    const int first = kFirstPort + next;
-    next = (next + consecutive) % kPortCount;
+    const int first = kFirstPort + handed.next;
+    handed.next = (handed.next + consecutive) % kPortCount;
     if (first + consecutive > kFirstPort + kPortCount) continue;
     bool free = true;
     for (int p = first; free && p < first + consecutive; ++p) {
-      free = handed_out.count(p) == 0 && CanBind(p);
+      free = handed.ports.count(p) == 0 && CanBind(p);
     }
     if (!free) continue;
-    for (int p = first; p < first + consecutive; ++p) handed_out.insert(p);
+    for (int p = first; p < first + consecutive; ++p) handed.ports.insert(p);
     return first;
   }
   return 0;

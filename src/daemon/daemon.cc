@@ -22,6 +22,7 @@
 #include "control/control.grpc.pb.h"
 #include "daemon/grpc_status.h"
 #include "daemon/sandbox.h"
+#include "workspace/workspace.h"
 
 namespace nbos::daemon {
 namespace {
@@ -121,6 +122,7 @@ SupervisorOptions SupervisorOptionsFor(const DaemonOptions& options) {
   sup.warm_pool_size = options.warm_pool_size;
   sup.warm_dir = options.state_dir + "/warm";
   sup.warm_preload = options.warm_preload;
+  sup.workspace_root = options.workspace_root;
   return sup;
 }
 
@@ -211,6 +213,8 @@ SandboxPolicy BaseSandboxPolicy(const DaemonOptions& options, const std::string&
   // Replicas run the daemon's nbos, wherever it lies (a build tree under /tmp, say).
   policy.readable.push_back(fs::absolute(options.nbos_binary).string());
   policy.writable.push_back(replicas_dir);
+  // Each replica narrows it to its kernel's part once it knows its kernel (workspace_mount.h).
+  if (!options.workspace_root.empty()) policy.writable.push_back(options.workspace_root);
   std::error_code ec;
   for (const std::string& p : options.sandbox_share) {
     fs::create_directories(p, ec);
@@ -377,6 +381,18 @@ Status CompleteOptions(DaemonOptions& options) {
     options.blob_store_url = "dir://" + options.state_dir + "/blobs";
   }
   WarnOfAMachineLocalStore(options);
+  if (!options.workspace_root.empty()) {
+    auto root = workspace::NormalPath(fs::absolute(options.workspace_root).string());
+    if (!root.ok() || *root == "/") {
+      return InvalidArgument("--workspace-root must be a directory other than /");
+    }
+    options.workspace_root = *root;
+    if (!fs::is_directory(options.workspace_root, ec)) {
+      // Not fatal: a shared filesystem may be mounted later; kernel starts say so meanwhile.
+      spdlog::error("the workspace root {} is not a directory here: is it mounted?",
+                    options.workspace_root);
+    }
+  }
   if (!options.credential) {
     spdlog::warn(
         "no cluster credential: the Daemon service on {} is plaintext and starts "
@@ -455,22 +471,22 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& given) {
 Daemon::~Daemon() { Shutdown(); }
 
 bool Daemon::registered() const {
-  std::lock_guard lock(reg_mu_);
+  MutexLock lock(&reg_mu_);
   return registered_;
 }
 
 void Daemon::Wait() {
-  std::unique_lock lock(reg_mu_);
-  reg_cv_.wait(lock, [&] { return shut_down_; });
+  MutexLock lock(&reg_mu_);
+  while (!shut_down_) reg_cv_.Wait(&reg_mu_);
 }
 
 void Daemon::Shutdown() {
   std::call_once(shutdown_once_, [&] {
     {
-      std::lock_guard lock(reg_mu_);
+      MutexLock lock(&reg_mu_);
       stopping_ = true;
     }
-    reg_cv_.notify_all();
+    reg_cv_.SignalAll();
     if (registration_.joinable()) registration_.join();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + kServerShutdownGrace);
     // Replica directories (logs, homes) are kept to look at afterwards. No later daemon replays
@@ -483,10 +499,10 @@ void Daemon::Shutdown() {
     if (raft_log_lock_fd_ >= 0) close(raft_log_lock_fd_);
     spdlog::info("daemon {} stopped", options_.server_id);
     {
-      std::lock_guard lock(reg_mu_);
+      MutexLock lock(&reg_mu_);
       shut_down_ = true;
     }
-    reg_cv_.notify_all();
+    reg_cv_.SignalAll();
   });
 }
 
@@ -494,7 +510,7 @@ Result<control::PrepareReplicaReply> Daemon::PrepareReplica(
     const control::PrepareReplicaRequest& req) {
   if (Status s = ValidateKey(req.kernel_id(), req.replica_id()); !s.ok()) return s;
   ReplicaKey key{req.kernel_id(), req.replica_id()};
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (auto existing = supervisor_->Get(key)) {
     // A retry whose reply was lost: same ports, same everything.
     if (existing->connection.key != req.key()) {
@@ -581,12 +597,38 @@ Result<control::LaunchReplicaReply> Daemon::LaunchReplica(
   std::string blob_store =
       req.blob_store_url().empty() ? options_.blob_store_url : req.blob_store_url();
   std::map<std::string, std::string> env(req.env().begin(), req.env().end());
-  auto pid = supervisor_->Launch(key, peers, blob_store, env);
+  auto workspace = LaunchWorkspace(env, blob_store);
+  if (!workspace.ok()) return workspace.status();
+  auto pid = supervisor_->Launch(key, peers, blob_store, env, *workspace);
   if (!pid.ok()) return pid.status();
   control::LaunchReplicaReply reply;
   reply.set_pid(*pid);
   NudgeHeartbeat();
   return reply;
+}
+
+Result<std::optional<workspace::KernelWorkspace>> Daemon::LaunchWorkspace(
+    const std::map<std::string, std::string>& env, const std::string& blob_store) const {
+  auto visible = env.find(workspace::kVisibleEnv);
+  if (visible == env.end()) return std::optional<workspace::KernelWorkspace>();
+  if (options_.workspace_root.empty()) {
+    return Unavailable(
+        fmt::format("the kernel runs in the workspace {}, but server {} exports none (nbos daemon "
+                    "--workspace-root)",
+                    visible->second, options_.server_id));
+  }
+  auto working = env.find(workspace::kWorkingDirEnv);
+  workspace::KernelWorkspace asked{visible->second,
+                                   working == env.end() ? visible->second : working->second};
+  std::vector<std::string> state = {options_.state_dir, replicas_dir_};
+  if (!raft_log_root_.empty()) state.push_back(raft_log_root_);
+  if (blob_store.starts_with("dir://")) state.push_back(blob_store.substr(6));
+  auto checked = workspace::CheckOnServer(options_.workspace_root, asked, state);
+  if (!checked.ok()) {
+    return Status(checked.status().code(),
+                  "server " + options_.server_id + ": " + checked.status().message());
+  }
+  return std::optional<workspace::KernelWorkspace>(*checked);
 }
 
 Status Daemon::StopReplica(const control::StopReplicaRequest& req) {
@@ -596,7 +638,7 @@ Status Daemon::StopReplica(const control::StopReplicaRequest& req) {
   Status stopped = supervisor_->Stop(key, req.keep_data());
   bool known = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     known = ledger_.IsSubscribed(key);
     for (const std::string& id : ledger_.Unsubscribe(key)) {
       spdlog::info("replica {} stopped holding grant {}; released", key.ToString(), id);
@@ -625,7 +667,7 @@ control::GrantReply Daemon::Grant(const control::GrantRequest& req) {
   ReplicaKey key{req.kernel_id(), req.replica_id()};
   GrantDecision d;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     d = ledger_.Grant(key, req.exec_id(), req.gpus(), req.vram_mb(), NewUuid());
   }
   reply.set_granted(d.granted);
@@ -645,7 +687,7 @@ control::GrantReply Daemon::Grant(const control::GrantRequest& req) {
 
 control::ReleaseReply Daemon::Release(const control::ReleaseRequest& req) {
   control::ReleaseReply reply;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   reply.set_released(ledger_.Release(req.grant_id()));
   if (reply.released()) spdlog::debug("grant {} released", req.grant_id());
   return reply;
@@ -656,7 +698,7 @@ control::ServerStatus Daemon::GetStatus() const {
   status.set_server_id(options_.server_id);
   status.set_gpus_virtual(gpus_.is_virtual);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     control::Ledger* l = status.mutable_ledger();
     ToProto(ledger_.spec(), l->mutable_spec());
     ToProto(ledger_.subscribed(), l->mutable_subscribed());
@@ -687,7 +729,7 @@ control::ServerStatus Daemon::GetStatus() const {
 void Daemon::OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting) {
   {
     // A dead process holds no GPU: whatever it was granted is free again.
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (const std::string& id : ledger_.ReleaseAll(key)) {
       spdlog::warn("replica {} exited ({}) holding grant {}; released", key.ToString(), exit_code,
                    id);
@@ -700,9 +742,9 @@ void Daemon::OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting
 void Daemon::NudgeHeartbeat() {
   // Notified under the lock: Shutdown takes it after the last RPC handler returned, so the
   // condition variable is never destroyed while a handler still signals it.
-  std::lock_guard lock(reg_mu_);
+  MutexLock lock(&reg_mu_);
   heartbeat_now_ = true;
-  reg_cv_.notify_all();
+  reg_cv_.SignalAll();
 }
 
 struct Daemon::GatewayLink {
@@ -726,17 +768,20 @@ void Daemon::RegistrationLoop() {
   auto channel = grpc::CreateCustomChannel(options_.gateway_address,
                                            control::ChannelCredentials(options_.credential), args);
   GatewayLink link{control::Gateway::NewStub(channel), options_.default_heartbeat_interval};
-  std::unique_lock lock(reg_mu_);
+  MutexLock lock(&reg_mu_);
   while (!stopping_) {
     heartbeat_now_ = false;
-    lock.unlock();
+    lock.Unlock();
     const std::chrono::milliseconds wait =
         link.registered ? HeartbeatOnce(link) : RegisterOnce(link);
-    lock.lock();
+    lock.Lock();
     registered_ = link.registered;
     // A nudge (a replica exited or changed) sends the next heartbeat early; it does not make
     // registration retries any faster.
-    reg_cv_.wait_for(lock, wait, [&] { return stopping_ || (link.registered && heartbeat_now_); });
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!stopping_ && !(link.registered && heartbeat_now_) &&
+           reg_cv_.WaitUntil(&reg_mu_, deadline)) {
+    }
   }
 }
 
@@ -745,7 +790,7 @@ std::chrono::milliseconds Daemon::RegisterOnce(GatewayLink& link) {
   req.set_server_id(options_.server_id);
   req.set_daemon_address(address_);
   {
-    std::lock_guard ledger_lock(mu_);
+    MutexLock ledger_lock(&mu_);
     ToProto(ledger_.spec(), req.mutable_spec());
   }
   req.set_gpus_virtual(gpus_.is_virtual);

@@ -12,22 +12,24 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <mutex>  // std::once_flag
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "control/cluster_credential.h"
 #include "control/control.pb.h"
 #include "daemon/gpu_inventory.h"
 #include "daemon/ledger.h"
 #include "daemon/ports.h"
 #include "daemon/supervisor.h"
+#include "workspace/workspace.h"
 
 namespace grpc {
 class Server;
@@ -83,6 +85,11 @@ struct DaemonOptions {
   // Directories every replica may write (a team's scratch space); created when missing. Their
   // permissions decide which kernels' user ids can write there.
   std::vector<std::string> sandbox_share;
+  // The workspace root the gateway exports (workspace/workspace.h), mounted here at the same
+  // path as on every server (a shared filesystem across machines). A launch whose environment
+  // names a workspace (NBOS_WORKSPACE, KERNEL_WORKING_DIR) is checked against it and its replica
+  // runs there; such a launch fails without one. Empty: none.
+  std::string workspace_root;
 };
 
 class Daemon {
@@ -102,14 +109,14 @@ class Daemon {
   const std::string& server_id() const { return options_.server_id; }
   bool gpus_virtual() const { return gpus_.is_virtual; }
   // Whether the last Register or Heartbeat succeeded with known = true.
-  bool registered() const;
+  bool registered() const EXCLUDES(reg_mu_);
 
   // Blocks until Shutdown() has finished (from another thread).
-  void Wait();
+  void Wait() EXCLUDES(reg_mu_);
   // Stops registering, stops the gRPC server (in-flight calls get a short grace), and stops
   // every replica process (SIGTERM, then SIGKILL), keeping their directories so a restarted
   // cluster can find them. Idempotent. Not from a gRPC handler or a signal handler.
-  void Shutdown();
+  void Shutdown() EXCLUDES(reg_mu_, mu_);
 
   // The Daemon service's operations (control.proto). Errors: InvalidArgument for malformed
   // requests (kernel ids must be [A-Za-z0-9._-]+, replica ids positive), NotFound for unknown
@@ -117,17 +124,22 @@ class Daemon {
   //
   // PrepareReplica is idempotent: a replica already prepared gets its connection back.
   // A fresh preparation wipes a stale directory of the same replica left by an earlier daemon.
-  Result<control::PrepareReplicaReply> PrepareReplica(const control::PrepareReplicaRequest& req);
+  Result<control::PrepareReplicaReply> PrepareReplica(const control::PrepareReplicaRequest& req)
+      EXCLUDES(mu_);
   // Peers must include this replica at its prepared Raft address, or be empty (join an
   // existing group). A running replica is not started twice.
   Result<control::LaunchReplicaReply> LaunchReplica(const control::LaunchReplicaRequest& req);
+  // The workspace a launch's environment names, checked on this server (workspace.h); nullopt
+  // when it names none.
+  Result<std::optional<workspace::KernelWorkspace>> LaunchWorkspace(
+      const std::map<std::string, std::string>& env, const std::string& blob_store) const;
   // Stops the process, releases its grants, subscription and ports; removes the directory
   // unless keep_data.
-  Status StopReplica(const control::StopReplicaRequest& req);
+  Status StopReplica(const control::StopReplicaRequest& req) EXCLUDES(mu_, reg_mu_);
   // Refusals are replies (granted = false, reason), not errors.
-  control::GrantReply Grant(const control::GrantRequest& req);
-  control::ReleaseReply Release(const control::ReleaseRequest& req);
-  control::ServerStatus GetStatus() const;
+  control::GrantReply Grant(const control::GrantRequest& req) EXCLUDES(mu_);
+  control::ReleaseReply Release(const control::ReleaseRequest& req) EXCLUDES(mu_);
+  control::ServerStatus GetStatus() const EXCLUDES(mu_);
 
  private:
   class Service;
@@ -135,12 +147,13 @@ class Daemon {
   explicit Daemon(DaemonOptions options, GpuInventory gpus);
   // RegistrationLoop's link to the gateway (defined in daemon.cc).
   struct GatewayLink;
-  void RegistrationLoop();
+  void RegistrationLoop() EXCLUDES(reg_mu_, mu_);
   // One Register or Heartbeat call over `link`; returns how long to wait before the next call.
-  std::chrono::milliseconds RegisterOnce(GatewayLink& link);
-  std::chrono::milliseconds HeartbeatOnce(GatewayLink& link);
-  void OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting);
-  void NudgeHeartbeat();
+  std::chrono::milliseconds RegisterOnce(GatewayLink& link) EXCLUDES(reg_mu_, mu_);
+  std::chrono::milliseconds HeartbeatOnce(GatewayLink& link) EXCLUDES(reg_mu_, mu_);
+  // The Supervisor's exit callback, called without its lock.
+  void OnReplicaExit(const ReplicaKey& key, int exit_code, bool restarting) EXCLUDES(mu_, reg_mu_);
+  void NudgeHeartbeat() EXCLUDES(reg_mu_);
 
   DaemonOptions options_;
   const GpuInventory gpus_;
@@ -149,9 +162,9 @@ class Daemon {
   std::string raft_log_root_;  // "" when Raft logs live in the replicas' directories
   int raft_log_lock_fd_ = -1;  // holds raft_log_root_/.lock's flock while the daemon runs
 
-  mutable std::mutex mu_;
-  Ledger ledger_;                                 // guarded by mu_
-  std::map<ReplicaKey, std::vector<int>> ports_;  // ports handed to each replica; mu_
+  mutable Mutex mu_;  // taken before the Supervisor's own lock, never after
+  Ledger ledger_ GUARDED_BY(mu_);
+  std::map<ReplicaKey, std::vector<int>> ports_ GUARDED_BY(mu_);  // handed to each replica
   PortAllocator port_allocator_;
   std::unique_ptr<Supervisor> supervisor_;
 
@@ -162,12 +175,12 @@ class Daemon {
       std::make_shared<std::atomic<uint64_t>>(0);
 
   // Registration loop and shutdown.
-  mutable std::mutex reg_mu_;
-  std::condition_variable reg_cv_;
-  bool stopping_ = false;       // guarded by reg_mu_
-  bool heartbeat_now_ = false;  // guarded by reg_mu_
-  bool registered_ = false;     // guarded by reg_mu_
-  bool shut_down_ = false;      // guarded by reg_mu_: Shutdown() finished
+  mutable Mutex reg_mu_;
+  CondVar reg_cv_;
+  bool stopping_ GUARDED_BY(reg_mu_) = false;
+  bool heartbeat_now_ GUARDED_BY(reg_mu_) = false;
+  bool registered_ GUARDED_BY(reg_mu_) = false;
+  bool shut_down_ GUARDED_BY(reg_mu_) = false;  // Shutdown() finished
   std::thread registration_;
   std::once_flag shutdown_once_;
 };

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "control/control.grpc.pb.h"
 #include "daemon/grpc_status.h"
 
@@ -15,13 +17,32 @@ struct DaemonClient::Impl {
   template <typename Req, typename Reply, typename Method>
   Result<Reply> Call(Method method, const Req& req, std::chrono::milliseconds timeout,
                      const std::string& what) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    const auto deadline = std::chrono::system_clock::now() + timeout;
+    grpc::Status s;
     Reply reply;
-    grpc::Status s = (stub.get()->*method)(&ctx, req, &reply);
-    if (!s.ok()) return FromGrpcStatus(s, what);
-    return reply;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline);
+      s = (stub.get()->*method)(&ctx, req, &reply);
+      if (s.ok()) return reply;
+      if (!NeverSent(s)) break;
+      // One failed connection attempt fails every call until the next one (fail-fast): a
+      // daemon that is up gets one more try once the channel reconnects, bounded so that a
+      // daemon that is down still fails the call within half a second.
+      const auto wait_until = std::min(deadline, std::chrono::system_clock::now() + kReconnectWait);
+      if (!channel->WaitForConnected(wait_until)) break;
+    }
+    return FromGrpcStatus(s, what);
   }
+
+  // Whether the call failed before it left this process: no connection could be picked, so the
+  // daemon never saw it and sending it again cannot run it twice.
+  static bool NeverSent(const grpc::Status& s) {
+    return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+           s.error_message().starts_with("failed to connect to all addresses");
+  }
+
+  static constexpr std::chrono::milliseconds kReconnectWait{500};
 };
 
 DaemonClient::DaemonClient(std::string address, DaemonClientOptions options)

@@ -153,6 +153,27 @@ TEST_F(DaemonServiceTest, PrepareReservesDistinctPortsAndIsIdempotent) {
   EXPECT_EQ(status->ledger().subscribed().millicpus(), 3000);
 }
 
+TEST_F(DaemonServiceTest, ACallRightAfterAFailedConnectionReachesADaemonThatIsUp) {
+  // The channel's first connection attempt fails (nothing listens yet); the daemon then starts
+  // on that port. The next call, made while gRPC still holds the failure (its reconnect
+  // backoff), reaches the daemon instead of failing with the stale connection error.
+  int port = 0;
+  {
+    auto probe = FakeGateway::Start(0);
+    ASSERT_TRUE(probe);
+    port = probe->port();
+  }
+  DaemonClient client("127.0.0.1:" + std::to_string(port));
+  auto down = client.GetStatus();
+  EXPECT_EQ(down.status().code(), StatusCode::kUnavailable);
+  DaemonOptions o = Options();
+  o.listen_address = "127.0.0.1:" + std::to_string(port);
+  auto d = Daemon::Start(o);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  auto up = client.PrepareReplica(PrepareReq("kernel-1", 1));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+}
+
 TEST_F(DaemonServiceTest, ErrorsTravelAsStatusCodes) {
   auto d = Daemon::Start(Options());
   ASSERT_TRUE(d.ok());
@@ -185,6 +206,37 @@ TEST_F(DaemonServiceTest, ErrorsTravelAsStatusCodes) {
   // Nobody listens: Unavailable, quickly.
   DaemonClient nowhere("127.0.0.1:1", {.timeout = 2s});
   EXPECT_EQ(nowhere.GetStatus().status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(DaemonServiceTest, ALaunchInAWorkspaceIsCheckedOnThisServer) {
+  const std::string root = tmp_.path() + "/workspace";
+  std::filesystem::create_directories(root + "/project");
+  for (bool exported : {false, true}) {
+    DaemonOptions o = Options();
+    if (exported) o.workspace_root = root;
+    auto d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    DaemonClient client((*d)->address());
+    ASSERT_TRUE(client.PrepareReplica(PrepareReq("k", 1)).ok());
+    control::LaunchReplicaRequest launch;
+    launch.set_kernel_id("k");
+    launch.set_replica_id(1);
+    (*launch.mutable_env())["NBOS_WORKSPACE"] = root;
+    (*launch.mutable_env())["KERNEL_WORKING_DIR"] = root + "/not-here";
+    auto refused = client.LaunchReplica(launch);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+    // Without a workspace of its own the server says so; with one, that the directory is missing.
+    EXPECT_NE(refused.status().message().find(exported ? "mounted" : "exports none"),
+              std::string::npos)
+        << refused.status().message();
+    (*launch.mutable_env())["KERNEL_WORKING_DIR"] = "/etc";
+    if (exported) {
+      EXPECT_EQ(client.LaunchReplica(launch).status().code(), StatusCode::kInvalidArgument);
+      (*launch.mutable_env())["KERNEL_WORKING_DIR"] = root + "/project";
+      EXPECT_TRUE(client.LaunchReplica(launch).ok());
+    }
+  }
 }
 
 TEST_F(DaemonServiceTest, GrantAndReleaseOverGrpc) {

@@ -27,69 +27,69 @@ void FakeGateway::Stop() {
 }
 
 void FakeGateway::Forget() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   known_.clear();
 }
 
 int FakeGateway::registers() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return registers_;
 }
 
 int FakeGateway::heartbeats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return heartbeats_;
 }
 
 std::optional<control::RegisterRequest> FakeGateway::last_register() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return last_register_;
 }
 
 std::optional<control::ServerStatus> FakeGateway::last_status() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return last_status_;
 }
 
 bool FakeGateway::WaitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
     // `pred` calls the accessors, which take mu_: evaluate it unlocked.
-    lock.unlock();
+    lock.Unlock();
     if (pred()) return true;
-    lock.lock();
+    lock.Lock();
     if (std::chrono::steady_clock::now() >= deadline) {
-      lock.unlock();
+      lock.Unlock();
       return pred();
     }
-    // Short slices: a call that landed between pred() and lock() is not missed for long.
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    // Short slices: a call that landed between pred() and Lock() is not missed for long.
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(20));
   }
 }
 
 grpc::Status FakeGateway::Register(grpc::ServerContext*, const control::RegisterRequest* req,
                                    control::RegisterReply* reply) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     registers_++;
     last_register_ = *req;
     known_.insert(req->server_id());
     reply->set_heartbeat_interval_ms(heartbeat_ms_);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return grpc::Status::OK;
 }
 
 grpc::Status FakeGateway::Heartbeat(grpc::ServerContext*, const control::HeartbeatRequest* req,
                                     control::HeartbeatReply* reply) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     heartbeats_++;
     last_status_ = req->status();
     reply->set_known(known_.contains(req->status().server_id()));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return grpc::Status::OK;
 }
 

@@ -67,7 +67,7 @@ int PortAllocator::NextFree(bool pair) {
 }
 
 Result<std::vector<int>> PortAllocator::Reserve(int n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<int> ports;
   while (static_cast<int>(ports.size()) < n) {
     int port = NextFree(/*pair=*/false);
@@ -83,7 +83,7 @@ Result<std::vector<int>> PortAllocator::Reserve(int n) {
 }
 
 Result<int> PortAllocator::ReservePair() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   int port = NextFree(/*pair=*/true);
   if (port == 0) {
     return ResourceExhausted("no free TCP port pair in " + std::to_string(range_.first) + "-" +
@@ -95,17 +95,17 @@ Result<int> PortAllocator::ReservePair() {
 }
 
 void PortAllocator::Release(const std::vector<int>& ports) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (int p : ports) reserved_.erase(p);
 }
 
 bool PortAllocator::IsReserved(int port) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return reserved_.contains(port);
 }
 
 size_t PortAllocator::reserved_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return reserved_.size();
 }
 

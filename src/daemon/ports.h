@@ -9,12 +9,12 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace nbos::daemon {
 
@@ -41,17 +41,17 @@ class PortAllocator {
   // `n` distinct ports of the range that bind now and were not handed out before (or were
   // returned). Ports are handed out round-robin through the range, so a returned port is reused
   // as late as possible. ResourceExhausted when the range has too few. Thread-safe.
-  Result<std::vector<int>> Reserve(int n);
+  Result<std::vector<int>> Reserve(int n) EXCLUDES(mu_);
 
   // A port P with P + 1 free too (a replica serves forwarded proposals on its Raft port + 1);
   // both are reserved. Returns P.
-  Result<int> ReservePair();
+  Result<int> ReservePair() EXCLUDES(mu_);
 
   // Returns ports (unknown ones are ignored).
-  void Release(const std::vector<int>& ports);
+  void Release(const std::vector<int>& ports) EXCLUDES(mu_);
 
-  bool IsReserved(int port) const;
-  size_t reserved_count() const;
+  bool IsReserved(int port) const EXCLUDES(mu_);
+  size_t reserved_count() const EXCLUDES(mu_);
 
   // Whether `port` can be bound on `ip` right now (without SO_REUSEADDR: stricter than servers).
   static bool CanBind(const std::string& ip, int port);
@@ -59,13 +59,13 @@ class PortAllocator {
  private:
   // The next port of the range after the cursor that is unreserved and binds (and, with `pair`,
   // whose successor does too); 0 after one full turn without one. Advances the cursor.
-  int NextFree(bool pair);  // requires mu_
+  int NextFree(bool pair) REQUIRES(mu_);
 
   const std::string bind_ip_;
   const PortRange range_;
-  mutable std::mutex mu_;
-  int next_;                // guarded by mu_
-  std::set<int> reserved_;  // guarded by mu_
+  mutable Mutex mu_;
+  int next_ GUARDED_BY(mu_);
+  std::set<int> reserved_ GUARDED_BY(mu_);
 };
 
 }  // namespace nbos::daemon

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "common/spawn.h"
@@ -96,6 +97,19 @@ Status MakeGroup(const std::string& dir) {
   return Status::Ok();
 }
 
+// Before a mount at `path`: each parent directory, so that bubblewrap creates those missing in
+// the sandbox (under its /tmp, inside a hidden tmpfs) traversable (0755) instead of 0700, which
+// would keep the kernel's user from the replica's directory and the workspace. Parents on the
+// host exist already and are left as they are.
+void AddParents(const std::string& path, std::set<std::string>* made,
+                std::vector<std::string>* cmd) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    std::string parent = path.substr(0, slash);
+    if (made->insert(parent).second) cmd->insert(cmd->end(), {"--perms", "0755", "--dir", parent});
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> DefaultPassedEnvironment(std::string_view blob_store_url) {
@@ -107,31 +121,26 @@ std::vector<std::string> DefaultPassedEnvironment(std::string_view blob_store_ur
 
 std::vector<std::string> SandboxCommand(const SandboxPolicy& policy,
                                         const std::vector<std::string>& argv) {
-  std::vector<std::string> cmd = {policy.bwrap,
-                                  "--die-with-parent",
-                                  "--unshare-pid",
-                                  "--unshare-ipc",
-                                  "--unshare-uts",
-                                  "--ro-bind",
-                                  "/",
-                                  "/",
-                                  "--dev",
-                                  "/dev",
-                                  "--proc",
-                                  "/proc",
-                                  "--tmpfs",
-                                  "/tmp"};
+  std::vector<std::string> cmd = {policy.bwrap, "--die-with-parent", "--unshare-pid",
+                                  "--unshare-ipc", "--unshare-uts", "--ro-bind", "/", "/", "--dev",
+                                  "/dev", "--proc", "/proc",
+                                  // Its own /tmp, writable by the kernel's user as on any
+                                  // machine, gone with the replica.
+                                  "--perms", "01777", "--tmpfs", "/tmp"};
   // Outer directories first: a tmpfs mounted later over a parent would cover what came before.
   std::vector<std::string> hidden = policy.hidden;
   std::sort(hidden.begin(), hidden.end(),
             [](const std::string& a, const std::string& b) { return a.size() < b.size(); });
-  for (const std::string& path : hidden) cmd.insert(cmd.end(), {"--tmpfs", path});
-  for (const std::string& path : policy.hidden_files) {
-    cmd.insert(cmd.end(), {"--ro-bind", "/dev/null", path});
-  }
-  for (const std::string& path : policy.readable) cmd.insert(cmd.end(), {"--ro-bind", path, path});
-  for (const std::string& path : policy.writable) cmd.insert(cmd.end(), {"--bind", path, path});
-  for (const std::string& path : policy.devices) cmd.insert(cmd.end(), {"--dev-bind", path, path});
+  std::set<std::string> made;
+  auto mount = [&](std::initializer_list<std::string> op, const std::string& path) {
+    AddParents(path, &made, &cmd);
+    cmd.insert(cmd.end(), op);
+  };
+  for (const std::string& path : hidden) mount({"--tmpfs", path}, path);
+  for (const std::string& path : policy.hidden_files) mount({"--ro-bind", "/dev/null", path}, path);
+  for (const std::string& path : policy.readable) mount({"--ro-bind", path, path}, path);
+  for (const std::string& path : policy.writable) mount({"--bind", path, path}, path);
+  for (const std::string& path : policy.devices) mount({"--dev-bind", path, path}, path);
   cmd.push_back("--");
   cmd.insert(cmd.end(), argv.begin(), argv.end());
   return cmd;

@@ -5,9 +5,9 @@
 //     can be signalled or have its /proc (environ, cmdline, fds) read;
 //   - a mount namespace where `/` is read-only, every `hidden` path (the daemon's state
 //     directory, the gateway's, anything the operator names) is an empty tmpfs, the `writable`
-//     paths inside them (the daemon's replica directories, a directory blob store) are bound back
-//     read-write, /tmp is its own tmpfs, /dev holds only the basic nodes and the `devices`
-//     (GPU nodes) named;
+//     paths inside them (the daemon's replica directories, a directory blob store, the
+//     workspace root) are bound back read-write, /tmp is its own tmpfs (mode 1777, so writable by
+//     the kernel's user id), /dev holds only the basic nodes and the `devices` (GPU nodes) named;
 //   - only the environment it is given: the daemon's secrets (S3 credentials, tokens) are not
 //     passed unless the replica needs them (an s3:// blob store);
 //   - when the daemon runs as root, a user id of its kernel's own (SandboxUserId), taken by the

@@ -108,17 +108,17 @@ Supervisor::~Supervisor() {
   StopAll(/*keep_data=*/true);
   if (options_.cgroups) options_.cgroups->RemoveGroups();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     shutdown_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   watcher_.join();
 }
 
 Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
                            const jupyter::ConnectionInfo& connection,
                            const std::string& raft_address, ReplicaLimits limits) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (children_.contains(key)) {
     return InvalidArgument("replica " + key.ToString() + " is already prepared");
   }
@@ -153,8 +153,9 @@ Status Supervisor::Prepare(const ReplicaKey& key, const std::string& dir,
 Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
                                  const std::vector<std::pair<uint32_t, std::string>>& peers,
                                  const std::string& blob_store_url,
-                                 const std::map<std::string, std::string>& env) {
-  std::lock_guard lock(mu_);
+                                 const std::map<std::string, std::string>& env,
+                                 const std::optional<workspace::KernelWorkspace>& workspace) {
+  MutexLock lock(&mu_);
   auto it = children_.find(key);
   if (it == children_.end()) return NotFound("replica " + key.ToString() + " is not prepared");
   Child& child = it->second;
@@ -178,6 +179,11 @@ Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
                                    "--log-level",
                                    options_.log_level};
   for (const auto& [id, address] : peers) argv.push_back(fmt::format("--peer={}={}", id, address));
+  if (workspace) {
+    argv.insert(argv.end(),
+                {"--workspace-root=" + options_.workspace_root, "--workspace=" + workspace->visible,
+                 "--working-dir=" + workspace->working_dir});
+  }
   child.argv = std::move(argv);
   const std::map<std::string, std::string> identity = {
       {"NBOS_KERNEL_ID", key.kernel_id}, {"NBOS_REPLICA_ID", std::to_string(key.replica_id)}};
@@ -187,7 +193,7 @@ Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
     for (std::string& name : DefaultPassedEnvironment(blob_store_url))
       policy.env_passed.push_back(std::move(name));
     std::vector<std::string> extra = {"CUDA_DEVICE_ORDER=PCI_BUS_ID", "HOME=" + dir + "/home",
-                                      "USER=kernel", "LOGNAME=kernel"};
+                                      "TMPDIR=/tmp", "USER=kernel", "LOGNAME=kernel"};
     for (const auto& layer : {env, identity})
       for (const auto& [k, v] : layer) extra.push_back(k + "=" + v);
     child.envp = SandboxEnvironment(policy, BuildEnvironment({}), extra);
@@ -196,7 +202,7 @@ Result<pid_t> Supervisor::Launch(const ReplicaKey& key,
   }
   child.restart_times.clear();
   if (Status s = Spawn(child); !s.ok()) return s;
-  cv_.notify_all();
+  cv_.SignalAll();
   return child.info.pid;
 }
 
@@ -210,7 +216,7 @@ Status Supervisor::PrepareSandbox(Child& child, const std::string& blob_store_ur
     uint32_t uid =
         SandboxUserId(key.kernel_id, options_.sandbox_uid_base, options_.sandbox_uid_range);
     // Two kernels on one server never share an id: the next free one (rarely needed).
-    auto taken = [&](uint32_t id) {
+    auto taken = [&](uint32_t id) REQUIRES(mu_) {
       for (const auto& [k, c] : children_)
         if (k.kernel_id != key.kernel_id && c.info.uid == id) return true;
       return false;
@@ -318,7 +324,7 @@ bool Supervisor::Promote(Child& child) {
     last_promotion_ = std::chrono::steady_clock::now();
     spdlog::info("replica {} started, pid {} (a warm process)", child.info.key.ToString(),
                  warm.pid);
-    cv_.notify_all();  // the watch thread tops the pool up
+    cv_.SignalAll();  // the watch thread tops the pool up
     return true;
   }
   return false;
@@ -404,7 +410,7 @@ void Supervisor::StopWarmPool() {
 }
 
 WarmPoolStats Supervisor::warm_pool() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   WarmPoolStats stats = warm_stats_;
   for (const WarmProcess& w : warm_) ++(w.ready ? stats.ready : stats.starting);
   return stats;
@@ -413,9 +419,9 @@ WarmPoolStats Supervisor::warm_pool() const {
 Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
   std::vector<std::string> dirs;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (!children_.contains(key)) return NotFound("replica " + key.ToString() + " is unknown");
-    TerminateLocked(lock, {key});
+    TerminateLocked({key});
     auto it = children_.find(key);
     if (it == children_.end()) return Status::Ok();  // a concurrent Stop finished first
     dirs = DirectoriesToRemove(it->second.info, keep_data);
@@ -434,12 +440,12 @@ Status Supervisor::Stop(const ReplicaKey& key, bool keep_data) {
 void Supervisor::StopAll(bool keep_data) {
   std::vector<std::string> dirs;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     StopWarmPool();
     std::vector<ReplicaKey> keys;
     for (const auto& [key, child] : children_) keys.push_back(key);
     if (keys.empty()) return;
-    TerminateLocked(lock, keys);
+    TerminateLocked(keys);
     for (const ReplicaKey& key : keys) {
       auto it = children_.find(key);
       if (it == children_.end()) continue;
@@ -470,8 +476,24 @@ std::vector<std::string> Supervisor::DirectoriesToRemove(const ReplicaProcess& i
   return dirs;
 }
 
-void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,
-                                 const std::vector<ReplicaKey>& keys) {
+bool Supervisor::AllReaped(const std::vector<ReplicaKey>& keys) const {
+  for (const ReplicaKey& key : keys) {
+    auto it = children_.find(key);
+    if (it != children_.end() && it->second.info.pid > 0) return false;
+  }
+  return true;
+}
+
+bool Supervisor::AwaitReaped(const std::vector<ReplicaKey>& keys,
+                             std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!AllReaped(keys)) {
+    if (!cv_.WaitUntil(&mu_, deadline)) return AllReaped(keys);
+  }
+  return true;
+}
+
+void Supervisor::TerminateLocked(const std::vector<ReplicaKey>& keys) {
   for (const ReplicaKey& key : keys) {
     auto it = children_.find(key);
     if (it == children_.end()) continue;
@@ -487,14 +509,7 @@ void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,
     // then exits with it.
     for (pid_t member : GroupMembersButLeader(pid)) kill(member, SIGTERM);
   }
-  auto all_reaped = [&] {
-    for (const ReplicaKey& key : keys) {
-      auto it = children_.find(key);
-      if (it != children_.end() && it->second.info.pid > 0) return false;
-    }
-    return true;
-  };
-  if (cv_.wait_for(lock, options_.stop_grace, all_reaped)) return;
+  if (AwaitReaped(keys, options_.stop_grace)) return;
   for (const ReplicaKey& key : keys) {
     auto it = children_.find(key);
     if (it == children_.end() || it->second.info.pid <= 0) continue;
@@ -502,13 +517,13 @@ void Supervisor::TerminateLocked(std::unique_lock<std::mutex>& lock,
                  it->second.info.pid, options_.stop_grace.count());
     kill(-it->second.info.pid, SIGKILL);
   }
-  if (!cv_.wait_for(lock, kKillWait, all_reaped)) {
+  if (!AwaitReaped(keys, kKillWait)) {
     spdlog::error("replica processes survived SIGKILL for {} s", kKillWait.count());
   }
 }
 
 void Supervisor::Watch() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (!shutdown_) {
     std::vector<ExitEvent> exits;
     Poll(&exits);
@@ -516,11 +531,11 @@ void Supervisor::Watch() {
     if (!exits.empty() && options_.on_exit) {
       // Without the lock: the callback takes the daemon's locks, and the daemon may call into
       // the Supervisor while holding them.
-      lock.unlock();
+      lock.Unlock();
       for (const ExitEvent& e : exits) options_.on_exit(e.key, e.exit_code, e.restarting);
-      lock.lock();
+      lock.Lock();
     }
-    cv_.wait_for(lock, options_.poll_interval);
+    cv_.WaitFor(&mu_, options_.poll_interval);
   }
 }
 
@@ -589,18 +604,18 @@ void Supervisor::Poll(std::vector<ExitEvent>* exits) {
       exits->push_back({key, child.info.exit_code, false});
     }
   }
-  if (reaped) cv_.notify_all();
+  if (reaped) cv_.SignalAll();
 }
 
 std::optional<ReplicaProcess> Supervisor::Get(const ReplicaKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = children_.find(key);
   if (it == children_.end()) return std::nullopt;
   return it->second.info;
 }
 
 std::vector<ReplicaProcess> Supervisor::List() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<ReplicaProcess> out;
   for (const auto& [key, child] : children_) out.push_back(child.info);
   return out;

@@ -31,13 +31,11 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,9 +44,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "daemon/ledger.h"
 #include "daemon/sandbox.h"
 #include "jupyter/connection_file.h"
+#include "workspace/workspace.h"
 
 namespace nbos::daemon {
 
@@ -103,6 +103,7 @@ struct SupervisorOptions {
   uint32_t sandbox_uid_base = 1u << 30;
   uint32_t sandbox_uid_range = 1u << 24;
   std::shared_ptr<ReplicaCgroups> cgroups;  // null: no per-replica limits
+  std::string workspace_root;               // DaemonOptions::workspace_root
 };
 
 // What a replica may use (its kernel's subscription); 0: unlimited.
@@ -133,33 +134,38 @@ class Supervisor {
   // InvalidArgument.
   Status Prepare(const ReplicaKey& key, const std::string& dir,
                  const jupyter::ConnectionInfo& connection, const std::string& raft_address,
-                 ReplicaLimits limits = {});
+                 ReplicaLimits limits = {}) EXCLUDES(mu_);
 
   // Starts a prepared (or exited) replica's process:
   //   nbos replica -f DIR/connection.json --id N --raft ADDR
   //     --data-dir RAFT_DIR --blob-store URL --log-level L [--peer=ID=ADDR]...
+  //     [--workspace-root ROOT --workspace V --working-dir W]
   // with `env` added to the daemon's environment, plus NBOS_KERNEL_ID, NBOS_REPLICA_ID and
-  // CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA numbers devices as NVML does). The arguments are
-  // remembered for restarts. Returns the pid; a replica already running (or restarting) keeps
-  // its process and arguments and returns its pid (0 while restarting). NotFound for unknown
-  // replicas, Internal when the process cannot be spawned.
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID (so CUDA numbers devices as NVML does). With `workspace`
+  // (checked by the caller; ROOT is SupervisorOptions::workspace_root) the replica mounts it in
+  // its sandbox and runs there. The arguments are remembered for restarts. Returns the pid; a
+  // replica already running (or restarting) keeps its process and arguments and returns its pid
+  // (0 while restarting). NotFound for unknown replicas, Internal when the process cannot be
+  // spawned.
   Result<pid_t> Launch(const ReplicaKey& key,
                        const std::vector<std::pair<uint32_t, std::string>>& peers,
                        const std::string& blob_store_url,
-                       const std::map<std::string, std::string>& env);
+                       const std::map<std::string, std::string>& env,
+                       const std::optional<workspace::KernelWorkspace>& workspace = std::nullopt)
+      EXCLUDES(mu_);
 
   // Stops the replica's process group (SIGTERM, SIGKILL after stop_grace; anything left in the
   // group is killed too), removes DIR unless `keep_data` (a Raft directory outside DIR always),
   // and forgets the replica. Blocks until the process is reaped. NotFound for unknown replicas.
-  Status Stop(const ReplicaKey& key, bool keep_data);
+  Status Stop(const ReplicaKey& key, bool keep_data) EXCLUDES(mu_);
 
   // Stops every replica at once (one grace period in total) and forgets them all; stops the
   // warm pool for good.
-  void StopAll(bool keep_data);
+  void StopAll(bool keep_data) EXCLUDES(mu_);
 
-  std::optional<ReplicaProcess> Get(const ReplicaKey& key) const;
-  std::vector<ReplicaProcess> List() const;
-  WarmPoolStats warm_pool() const;
+  std::optional<ReplicaProcess> Get(const ReplicaKey& key) const EXCLUDES(mu_);
+  std::vector<ReplicaProcess> List() const EXCLUDES(mu_);
+  WarmPoolStats warm_pool() const EXCLUDES(mu_);
 
  private:
   struct Child {
@@ -184,37 +190,43 @@ class Supervisor {
     bool restarting;
   };
 
-  Status Spawn(Child& child);  // mu_ held
+  Status Spawn(Child& child) REQUIRES(mu_);
   // Sandbox set-up at launch: the user id, the directory's owner, the cgroup, and the replica's
-  // --run-as / --cgroup arguments. mu_ held.
-  Status PrepareSandbox(Child& child, const std::string& blob_store_url);
-  // Records why `child` exited when its cgroup says the OOM killer did it. mu_ held.
-  void NoteOutOfMemory(Child& child);
-  // Hands `child` to a warm process; false (and the process discarded) if none takes it. mu_ held.
-  bool Promote(Child& child);
-  Status SpawnWarm();  // mu_ held
-  // Reaps warm processes that died and tops the pool up; mu_ held.
-  void TendWarmPool();
-  void StopWarmPool();  // mu_ held
-  void Watch();         // the watch thread
-  // Reaps exited children and starts due restarts; mu_ held. Appends unexpected exits.
-  void Poll(std::vector<ExitEvent>* exits);
-  // Signals and waits for the given children (mu_ held via `lock`); SIGKILL after the grace.
-  void TerminateLocked(std::unique_lock<std::mutex>& lock, const std::vector<ReplicaKey>& keys);
+  // --run-as / --cgroup arguments.
+  Status PrepareSandbox(Child& child, const std::string& blob_store_url) REQUIRES(mu_);
+  // Records why `child` exited when its cgroup says the OOM killer did it.
+  void NoteOutOfMemory(Child& child) REQUIRES(mu_);
+  // Hands `child` to a warm process; false (and the process discarded) if none takes it.
+  bool Promote(Child& child) REQUIRES(mu_);
+  Status SpawnWarm() REQUIRES(mu_);
+  // Reaps warm processes that died and tops the pool up.
+  void TendWarmPool() REQUIRES(mu_);
+  void StopWarmPool() REQUIRES(mu_);
+  void Watch() EXCLUDES(mu_);  // the watch thread
+  // Reaps exited children and starts due restarts. Appends unexpected exits.
+  void Poll(std::vector<ExitEvent>* exits) REQUIRES(mu_);
+  // Signals and waits for the given children, letting go of mu_ while it waits; SIGKILL after
+  // the grace.
+  void TerminateLocked(const std::vector<ReplicaKey>& keys) REQUIRES(mu_);
+  // Whether none of `keys` has a process left (or is known at all).
+  bool AllReaped(const std::vector<ReplicaKey>& keys) const REQUIRES(mu_);
+  // Waits up to `timeout` (mu_ let go of meanwhile) until AllReaped(keys); whether it is.
+  bool AwaitReaped(const std::vector<ReplicaKey>& keys, std::chrono::milliseconds timeout)
+      REQUIRES(mu_);
   std::string RaftDirectory(const std::string& dir) const;
   std::vector<std::string> DirectoriesToRemove(const ReplicaProcess& info, bool keep_data) const;
 
   const SupervisorOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;            // wakes the watch thread and Stop() waiters
-  std::map<ReplicaKey, Child> children_;  // guarded by mu_
-  bool shutdown_ = false;                 // guarded by mu_
-  std::deque<WarmProcess> warm_;          // guarded by mu_, oldest first
-  WarmPoolStats warm_stats_;              // guarded by mu_ (ready, starting derived from warm_)
-  std::deque<std::chrono::steady_clock::time_point> warm_deaths_;  // guarded by mu_
-  uint64_t warm_spawned_ = 0;                                      // guarded by mu_
-  bool warm_closed_ = false;                                       // guarded by mu_
-  std::chrono::steady_clock::time_point last_promotion_;           // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;  // wakes the watch thread and Stop() waiters
+  std::map<ReplicaKey, Child> children_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
+  std::deque<WarmProcess> warm_ GUARDED_BY(mu_);  // oldest first
+  WarmPoolStats warm_stats_ GUARDED_BY(mu_);      // (ready, starting derived from warm_)
+  std::deque<std::chrono::steady_clock::time_point> warm_deaths_ GUARDED_BY(mu_);
+  uint64_t warm_spawned_ GUARDED_BY(mu_) = 0;
+  bool warm_closed_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_promotion_ GUARDED_BY(mu_);
   std::thread watcher_;
 };
 

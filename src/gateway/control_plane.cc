@@ -90,14 +90,46 @@ void ControlPlane::OnHeartbeatOutcome(const std::string& server_id,
                                       Registry::HeartbeatOutcome outcome) {
   NotifySessions(outcome.changes);
   if (outcome.orphans.empty() || !outcome.client) return;
-  chores_.Post(server_id, [client = outcome.client, server_id, orphans = outcome.orphans] {
+  chores_.Post(server_id, [this, client = outcome.client, server_id, orphans = outcome.orphans] {
     for (const ReplicaRef& r : orphans) {
       spdlog::warn(
           "server {} runs replica {} of kernel {}, which the gateway does not know: stopping it",
           server_id, r.replica_id, r.kernel_id);
+      LeaveGroup(server_id, r);
       StopReplica(*client, r.kernel_id, r.replica_id, server_id);
     }
   });
+}
+
+// A gateway killed while a migration had added a new replica to the kernel's Raft group, and not
+// yet recorded it, restarts without it: stopped alone, it would stay a voter of the group, dead,
+// and one more fault would leave the kernel without a majority for good.
+void ControlPlane::LeaveGroup(const std::string& server_id, const ReplicaRef& orphan) {
+  std::optional<KernelRecord> k = registry_->FindKernel(orphan.kernel_id);
+  if (!k || !k->session) return;
+  MutexLock op(k->op_mu.get());
+  k = registry_->FindKernel(orphan.kernel_id);  // a migration may have recorded it meanwhile
+  if (!k || !k->session) return;
+  for (const StoredReplica& r : k->meta.replicas) {
+    if (r.replica_id == orphan.replica_id && r.server_id == server_id) return;
+  }
+  const jupyter::Json remove{{"op", "remove"}, {"replica_id", orphan.replica_id}};
+  for (const StoredReplica& r : k->meta.replicas) {
+    auto live = k->replica_live.find(r.replica_id);
+    if (r.replica_id == orphan.replica_id || live == k->replica_live.end() || !live->second) {
+      continue;
+    }
+    auto reply = k->session->CallControl(r.replica_id, "nbos_membership_request", remove,
+                                         std::chrono::seconds(30));
+    if (reply.ok() && reply->value("status", "") == "ok") {
+      spdlog::info("kernel {}: replica {} left the Raft group", orphan.kernel_id,
+                   orphan.replica_id);
+      return;
+    }
+    spdlog::warn("kernel {}: removing replica {} from the Raft group through replica {}: {}",
+                 orphan.kernel_id, orphan.replica_id, r.replica_id,
+                 reply.ok() ? reply->dump() : reply.status().ToString());
+  }
 }
 
 void ControlPlane::CheckServers() {

@@ -48,6 +48,10 @@ class ControlPlane {
  private:
   ControlPlane(ControlPlaneOptions options, Registry* registry);
   void OnHeartbeatOutcome(const std::string& server_id, Registry::HeartbeatOutcome outcome);
+  // Removes `orphan` (on `server_id`) from its kernel's Raft group through a live replica, if the
+  // kernel is known and still does not list it. Best effort; blocks on the kernel's operation
+  // lock and one membership change.
+  void LeaveGroup(const std::string& server_id, const ReplicaRef& orphan);
 
   const ControlPlaneOptions options_;
   Registry* registry_;

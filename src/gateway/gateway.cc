@@ -219,6 +219,8 @@ struct Gateway::Impl {
         ho.kernelspec_aliases.push_back(alias);
     ho.replicas = options.replicas;
     ho.allowed_env = options.allowed_env;
+    ho.workspace_root = options.workspace_root;
+    ho.workspace_per_user = !options.users_file.empty() || options.hub.has_value();
     ho.limits = ko.limits;
     api = std::make_unique<HttpApi>(ho, registry.get(), kernels.get(), migrator.get(), &counters,
                                     [this] { return ExceptionsCaught(); });

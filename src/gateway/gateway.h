@@ -49,6 +49,12 @@ struct GatewayOptions {
   size_t max_message_bytes = 64u << 20;
   // Besides KERNEL_*, environment names a kernel start request may pass to the replicas.
   std::vector<std::string> allowed_env;
+  // The workspace the operator exports (workspace/workspace.h): kernels run in their notebook's
+  // directory (KERNEL_WORKING_DIR, the start request's cwd or path), which must lie inside it;
+  // with users (users_file, hub) a user who is no admin sees only ROOT/<user>. Every daemon must
+  // have the same directory at the same path (nbos daemon --workspace-root). Empty: no
+  // workspace; each replica runs in a private directory of its own.
+  std::string workspace_root;
   // A daemon that misses heartbeats this long counts as gone: its replicas are lost.
   int heartbeat_interval_ms = 1000;
   int server_timeout_ms = 5000;

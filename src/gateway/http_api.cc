@@ -14,6 +14,7 @@
 
 #include "jupyter/json_limits.h"
 #include "sched/subscription.h"
+#include "workspace/workspace.h"
 
 namespace nbos::gateway {
 namespace {
@@ -343,6 +344,7 @@ http::Response HttpApi::PostKernel(const http::Request& r) {
       env[key] = value.get<std::string>();
     }
   }
+  if (Status s = AddWorkspace(body, r.identity, &env); !s.ok()) return Refuse(400, s.message());
   auto k = kernels_->Create(name, env, {r.identity.user, r.identity.admin});
   if (!k.ok()) {
     const Status& s = k.status();
@@ -357,6 +359,28 @@ http::Response HttpApi::PostKernel(const http::Request& r) {
     return resp;
   }
   return JsonResponse(201, KernelModel(*k));
+}
+
+// The kernel's workspace (workspace/workspace.h) into the environment its replicas get: which
+// directory it sees (set here only: never what a client sent) and where it starts.
+Status HttpApi::AddWorkspace(const Json& body, const http::Identity& who,
+                             std::map<std::string, std::string>* env) const {
+  env->erase(workspace::kVisibleEnv);
+  if (options_.workspace_root.empty()) return Status::Ok();
+  workspace::WorkspaceRequest request{.root = options_.workspace_root};
+  if (options_.workspace_per_user && !who.admin) request.owner = who.user;
+  if (auto dir = env->find(workspace::kWorkingDirEnv); dir != env->end()) {
+    request.working_dir = dir->second;
+  } else if (auto cwd = body.find("cwd"); cwd != body.end() && cwd->is_string()) {
+    request.working_dir = cwd->get<std::string>();
+  } else if (auto path = body.find("path"); path != body.end() && path->is_string()) {
+    request.path = path->get<std::string>();
+  }
+  auto ws = workspace::Resolve(request);
+  if (!ws.ok()) return ws.status();
+  (*env)[workspace::kVisibleEnv] = ws->visible;
+  (*env)[workspace::kWorkingDirEnv] = ws->working_dir;
+  return Status::Ok();
 }
 
 Result<std::shared_ptr<http::WsHandler>> HttpApi::OpenChannels(
@@ -429,6 +453,10 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
                             {"reachable", k.session && k.session->reachable(r.replica_id)},
                             {"restarts", known ? st->second->restarts() : 0},
                             {"role", r.replica_id == executor ? "executor" : "standby"}});
+    // Why its namespace is not the log's (it is replaced and runs no cell meanwhile).
+    if (auto d = k.diverged.find(r.replica_id); d != k.diverged.end()) {
+      replicas.back()["diverged"] = d->second;
+    }
   }
   Json migration = MigrationJson(k, &replicas);
   return Json{{"id", k.meta.kernel_id},

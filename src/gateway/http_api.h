@@ -42,6 +42,8 @@ struct HttpApiOptions {
   std::vector<std::string> kernelspec_aliases;
   int replicas = 3;
   std::vector<std::string> allowed_env;  // besides KERNEL_*, names a start may pass to replicas
+  std::string workspace_root;            // GatewayOptions::workspace_root
+  bool workspace_per_user = false;       // users are known: a user who is no admin sees ROOT/<user>
   ClientLimits limits;
 };
 
@@ -64,6 +66,8 @@ class HttpApi {
   // The kernel named by the route's {kernel_id} when the caller may use it.
   std::optional<KernelRecord> VisibleKernel(const http::Request& r) const;
   http::Response PostKernel(const http::Request& r);
+  Status AddWorkspace(const jupyter::Json& body, const http::Identity& who,
+                      std::map<std::string, std::string>* env) const;
   bool ServesKernelspec(const std::string& name) const;
 
   http::Response PostMigrate(const http::Request& r);

@@ -141,6 +141,9 @@ Result<std::shared_ptr<KernelSession>> KernelManager::StartSession(const KernelR
   o.hooks.execution_started = [this](int64_t delay_us) {
     registry_->RecordExecutionDelay(static_cast<double>(delay_us) / 1000.0);
   };
+  o.hooks.replica_diverged = [this, kernel_id](ReplicaId replica, const std::string& why) {
+    registry_->NoteDivergence(kernel_id, replica, why);
+  };
   auto session = KernelSession::Start(std::move(o));
   if (!session.ok()) return session.status();
   return std::shared_ptr<KernelSession>(std::move(*session));

@@ -123,6 +123,7 @@ std::vector<RouterEffect> KernelRouter::Apply(int64_t now_us, RouterEvent event)
                    suspended_ = e.suspended;
                    resume_wanted_ = false;
                  },
+                 [&](MajorityLost& e) { majority_lost_why_ = e.why; },
                  [&](RecoverExecution&) {
                    recovery_ = Recovery{.asking = true, .since_us = now_us_};
                    AskForLastExecution(&out);
@@ -319,6 +320,9 @@ void KernelRouter::Pump(Effects* out) {
     if (unreplicated_executor_ != want.requested_target && live.size() > 1) {
       want.live.erase(unreplicated_executor_);
     }
+    for (const auto& [r, why] : diverged_) {
+      if (r != want.requested_target && want.live.size() > 1) want.live.erase(r);
+    }
     out->push_back(std::move(want));
     return;
   }
@@ -471,7 +475,9 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   last_reply_us_ = now_us_;
   // A lost executor, or one that could not replicate the cell, may still commit its effects.
   const std::string ename = StringField(reply->content, "ename");
-  const bool unsettled = ename == "ExecutorLost" || ename == "ReplicationError";
+  // One that could not get the cell elected ran nothing, but its LEAD may still commit.
+  const bool unsettled =
+      ename == "ExecutorLost" || ename == "ReplicationError" || ename == "ReplicasUnavailable";
   previous_exec_id_ = unsettled ? "" : done.exec_id;
   if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
   auto nbos_it = reply->metadata.find("nbos");
@@ -480,7 +486,9 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
     nbos_it = reply->metadata.find("nbos");
   }
   Json& nbos = *nbos_it;
-  if (auto executor = CountField(nbos, "executor"); executor && replicas_.count(*executor)) {
+  // A replica that answered that it cannot run cells ran nothing: stickiness must not pick it.
+  if (auto executor = CountField(nbos, "executor");
+      executor && replicas_.count(*executor) && ename != "ReplicaOutOfSync") {
     executor_ = static_cast<ReplicaId>(*executor);
   }
   nbos["server"] = done.plan.server_id;
@@ -504,6 +512,9 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   if (ename == "ReplicationError") {
     CancelEverywhere(done.exec_id, done.plan.target_replica, out);
     unreplicated_executor_ = done.plan.target_replica;
+  } else if (ename == "ReplicaOutOfSync" || ename == "ReplicasUnavailable") {
+    // It told the others through the log; this ends their wait should that have failed.
+    CancelEverywhere(done.exec_id, done.plan.target_replica, out);
   }
 }
 
@@ -547,6 +558,13 @@ void KernelRouter::FailWithoutQuorum(size_t live, Effects* out) {
 }
 
 std::string KernelRouter::NoQuorumMessage(size_t live) const {
+  if (!majority_lost_why_.empty()) {
+    return fmt::format(
+        "{}. A majority of this kernel's replicas cannot form again, so nbos cannot replace "
+        "them (a replacement joins through a majority) and the kernel cannot run cells. The "
+        "cell did not run. Restart the kernel to go on with an empty namespace",
+        majority_lost_why_);
+  }
   return fmt::format(
       "{} of {} replicas of this kernel are unreachable, so it cannot run a cell now; nbos is "
       "replacing them (or waiting for their servers to return). The cell did not run: run it "
@@ -586,6 +604,7 @@ void KernelRouter::OnReplicaMessage(ReplicaMessage& m, Effects* out) {
   switch (m.channel) {
     case Channel::kShell:
     case Channel::kControl:
+      if (m.message.msg_type() == "execute_reply") NoteDivergence(r, m.message.metadata, out);
       for (Message& o : merger_.OnReply(r, std::move(m.message)))
         Route(m.channel, std::move(o), out);
       return;
@@ -602,6 +621,19 @@ void KernelRouter::OnReplicaMessage(ReplicaMessage& m, Effects* out) {
       }
       return;
   }
+}
+
+void KernelRouter::NoteDivergence(ReplicaId r, const Json& reply_metadata, Effects* out) {
+  const auto nbos = reply_metadata.find("nbos");
+  const std::string why = nbos == reply_metadata.end() ? "" : StringField(*nbos, "diverged");
+  auto known = diverged_.find(r);
+  if (known == diverged_.end() ? why.empty() : known->second == why) return;
+  if (why.empty()) {
+    diverged_.erase(known);
+  } else {
+    diverged_[r] = why;
+  }
+  out->push_back(ReplicaDiverged{r, why});
 }
 
 // A message the merger let through: replies to their client, the rest to everyone. A reply the
@@ -688,14 +720,25 @@ void KernelRouter::SetLive(ReplicaId r, bool live, Effects* out, const std::stri
   const std::set<ReplicaId> rest = live_replicas();
   if (rest.empty()) {
     FailInFlight("every replica of this kernel was lost while the cell ran" +
-                     (why.empty() ? "" : " (" + why + ")"),
+                     (why.empty() ? "" : " (" + why + ")") +
+                     ". Whether the cell ran is not known: look at the kernel's state before "
+                     "running it again",
                  out);
     Pump(out);
     return;
   }
-  // The standbys wait for the executor's effects; tell them it is gone so they answer
-  // (ExecutorLost) with the state of the last completed cell, and why it was lost when known.
-  Json content{{"exec_id", in_flight_->exec_id}};
+  CancelOnStandbys(why, out);
+}
+
+// The standbys wait for the executor's effects; tell them it is gone so they answer
+// (ExecutorLost), and why when known. They propose a CANCEL to the kernel's log ("decide"): a
+// cell the log cancelled before its LEAD did not run anywhere, one whose LEAD won first may have
+// run, and their answers say which.
+void KernelRouter::CancelOnStandbys(const std::string& why, Effects* out) {
+  std::set<ReplicaId> rest = live_replicas();
+  rest.erase(in_flight_->plan.target_replica);
+  if (rest.empty()) return;
+  Json content{{"exec_id", in_flight_->exec_id}, {"decide", true}};
   if (!why.empty()) content["reason"] = why;
   Message cancel = factory_.Make("nbos_cancel_request", std::move(content), Json::object());
   merger_.Expect(cancel.msg_id(), {rest.begin(), rest.end()});
@@ -707,6 +750,7 @@ void KernelRouter::Unlink(ReplicaId r, Effects* out) {
   SetLive(r, false, out);
   replicas_.erase(r);
   unreachable_.erase(r);
+  diverged_.erase(r);
   merger_.OnReplicaBack(r);  // forgotten, not lost
   if (merger_.primary() == r) {
     const std::set<ReplicaId> live = live_replicas();
@@ -720,12 +764,31 @@ void KernelRouter::Unlink(ReplicaId r, Effects* out) {
 void KernelRouter::SetReachable(ReplicaId r, bool reachable, Effects* out) {
   if (!replicas_.count(r)) return;
   if (!reachable) {
-    if (unreachable_.insert(r).second) CancelForQuorum(out);
+    if (!unreachable_.insert(r).second) return;
+    if (in_flight_ && in_flight_->plan.target_replica == r &&
+        2 * live_replicas().size() > replicas_.size()) {
+      ExcuseExecutor(r, out);
+      return;
+    }
+    CancelForQuorum(out);
     return;
   }
   if (!unreachable_.erase(r)) return;
   // It may still hold a cell answered as not run in its queue: it must not run it.
   for (const std::string& exec_id : cancelled_exec_ids_) SendCancel(r, exec_id, out);
+}
+
+// A frozen or cut-off executor may never answer, and its server is declared lost only after
+// several seconds; a slow one that answers after all loses nothing: its standbys' answer says
+// that whether the cell ran is not known, and effects it commits after a later cell's LEAD won
+// are discarded by the log (KernelStateMachine).
+void KernelRouter::ExcuseExecutor(ReplicaId executor, Effects* out) {
+  for (Message& m : merger_.Excuse(in_flight_->msg_id, executor))
+    Route(Channel::kShell, std::move(m), out);
+  CancelOnStandbys(
+      "it stopped answering the gateway's heartbeats: its server may be frozen, overloaded or "
+      "cut off",
+      out);
 }
 
 // The majority went while a cell was in flight: no replica can commit it, and the client would
@@ -738,7 +801,8 @@ void KernelRouter::CancelForQuorum(Effects* out) {
   in_flight_->cancel_asked = true;
   const ReplicaId target = in_flight_->plan.target_replica;
   if (!IsLive(target)) {
-    AbandonInFlight(fmt::format("{} of {} replicas of this kernel are unreachable, among them the "
+    AbandonInFlight("ExecutorLost",
+                    fmt::format("{} of {} replicas of this kernel are unreachable, among them the "
                                 "one chosen to run this cell; nbos is replacing them (or waiting "
                                 "for their servers to return). Whether the cell ran is not known "
                                 "yet: look at the kernel's state before running it again",
@@ -752,14 +816,14 @@ void KernelRouter::CancelForQuorum(Effects* out) {
 void KernelRouter::OnQuorumCancelReply(const Message& reply, Effects* out) {
   if (!in_flight_ || !in_flight_->cancel_asked || !BoolField(reply.content, "cancelled", false))
     return;  // the executor began the cell (or it is done): its reply will come
-  AbandonInFlight(NoQuorumMessage(live_replicas().size()), out);
+  AbandonInFlight("ReplicasUnavailable", NoQuorumMessage(live_replicas().size()), out);
 }
 
 // Answers the in-flight cell on the replicas' behalf. Every replica, now or when it comes back, is
 // told to cancel it, so one that has not begun it never will; their later messages for it are
 // dropped. The replicated state stays the same everywhere either way: a cell that does run
 // reaches every replica through the log.
-void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
+void KernelRouter::AbandonInFlight(const std::string& ename, const std::string& why, Effects* out) {
   InFlight cancelled = std::move(*in_flight_);
   in_flight_.reset();
   previous_exec_id_.clear();  // the cell may still commit its effects, later
@@ -772,8 +836,7 @@ void KernelRouter::AbandonInFlight(const std::string& why, Effects* out) {
   const ClientId to = client == reply_to_.end() ? 0 : client->second;
   if (client != reply_to_.end()) reply_to_.erase(client);
   ++stats_.failed_without_quorum;
-  AnswerWithError(to, Channel::kShell, request, "ReplicasUnavailable", why, out,
-                  /*with_busy=*/!busy_sent);
+  AnswerWithError(to, Channel::kShell, request, ename, why, out, /*with_busy=*/!busy_sent);
 }
 
 void KernelRouter::CancelEverywhere(const std::string& exec_id, ReplicaId except, Effects* out) {

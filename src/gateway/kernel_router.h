@@ -40,12 +40,19 @@
 //   replica that asked (the only outstanding prompt when the reply has no parent).
 // - Replies and outputs pass through the OutputMerger (one reply, one busy/idle, each output
 //   once) and go out under the kernel's one session id; replies to their client, iopub to all.
+// - A replica whose execute_reply says it diverged (metadata nbos.diverged: its namespace is not
+//   the log's) is left out of executor choice unless a request names it (it then answers at once
+//   that it cannot run the cell) and reported (ReplicaDiverged) until it is unlinked or a reply
+//   of it no longer says so. An executor's ReplicaOutOfSync answer cancels the cell on the rest.
 // - Replica loss: what the lost replica owed is settled by the merger; if it was executing, the
 //   standbys get nbos_cancel_request (they answer with the last committed state); with no live
 //   replica left the cell is answered with ExecutorLost. A loss during planning re-plans.
 // - Unreachable (ReplicaReachable: the gateway's heartbeat went unanswered) is a faster, weaker
 //   signal than lost: such a replica is left out of new requests and counts as absent for the
-//   majority, but what it owes is not settled, as a slow replica may still answer.
+//   majority, but what it owes is not settled, as a slow replica may still answer; except the
+//   in-flight cell's executor while a majority still answers: its standbys are told to cancel
+//   it through the log and answer (ExecutorLost or CellCancelled), so that a frozen or cut-off
+//   executor costs the client about a second, not the server's loss.
 // - No live majority of the linked replicas (no replica could commit a cell): an execute_request
 //   at the head of the queue is answered at once with ReplicasUnavailable (how many are
 //   unreachable, what nbos does about it) instead of waiting; later ones run once a majority is
@@ -190,12 +197,17 @@ struct RecoverExecution {};
 struct SuspendChanged {
   bool suspended = false;
 };
+// Most of the kernel's replicas are gone with their logs (`why`, from the registry): no majority
+// can form again, so no replacement can come. Empty: a majority may form again.
+struct MajorityLost {
+  std::string why;
+};
 
 using RouterEvent =
     std::variant<ClientAttached, ClientDetached, ClientFrame, ReplicaMessage, ReplicaLost,
                  ReplicaBack, ReplicaLinked, ReplicaUnlinked, PlanDone, TimerFired,
                  InterruptRequested, ExecutionsHeld, ProbeRequested, ControlCallRequested,
-                 RouterClosing, RecoverExecution, SuspendChanged, ReplicaReachable>;
+                 RouterClosing, RecoverExecution, SuspendChanged, ReplicaReachable, MajorityLost>;
 
 // ---- Effects ----------------------------------------------------------------------------------
 
@@ -257,16 +269,23 @@ struct ExecutionStarted {
   std::string exec_id;
   int64_t delay_us = 0;
 };
+// A replica's execute_reply said its namespace is not the state its log holds (metadata
+// nbos.diverged: names it could not rebuild, an entry it could not apply), or, with `why`
+// empty, that it follows again. The owner replaces such a replica (self-healing).
+struct ReplicaDiverged {
+  ReplicaId replica = 0;
+  std::string why;
+};
 // A client input was refused (see client_validation.h for the classes).
 struct InputRejected {
   RejectClass reason = RejectClass::kFrame;
   std::string detail;
 };
 
-using RouterEffect =
-    std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient, PlanWanted,
-                 GrantReleaseWanted, TimerWanted, ShutdownWanted, ProbeAnswered,
-                 ControlCallAnswered, InputRejected, ResumeWanted, ExecutionStarted>;
+using RouterEffect = std::variant<SendToReplicas, SendToClient, SendToAllClients, CloseClient,
+                                  PlanWanted, GrantReleaseWanted, TimerWanted, ShutdownWanted,
+                                  ProbeAnswered, ControlCallAnswered, InputRejected, ResumeWanted,
+                                  ExecutionStarted, ReplicaDiverged>;
 
 // ---- The router -------------------------------------------------------------------------------
 
@@ -344,6 +363,7 @@ class KernelRouter {
   void OnFrame(ClientFrame& frame, Effects* out);
   void OnClientMessage(ClientId client, jupyter::WsMessage ws, Effects* out);
   void OnReplicaMessage(ReplicaMessage& m, Effects* out);
+  void NoteDivergence(ReplicaId replica, const jupyter::Json& reply_metadata, Effects* out);
   void OnPlanDone(PlanDone& done, Effects* out);
   void OnTimer(const TimerFired& timer, Effects* out);
   void OnInterrupt(Effects* out);
@@ -376,8 +396,15 @@ class KernelRouter {
   void FailInFlight(const std::string& why, Effects* out);
   void SetReachable(ReplicaId replica, bool reachable, Effects* out);
   void CancelForQuorum(Effects* out);
+  // The in-flight cell's executor stopped answering while a majority still does: the standbys
+  // decide through the log and answer for the cell; `executor`'s later reply is dropped.
+  void ExcuseExecutor(ReplicaId executor, Effects* out);
+  // Asks the live standbys of the in-flight cell to cancel it through the log ("decide") and
+  // answer; `why` says why its executor is given up on.
+  void CancelOnStandbys(const std::string& why, Effects* out);
   void OnQuorumCancelReply(const jupyter::Message& reply, Effects* out);
-  void AbandonInFlight(const std::string& why, Effects* out);
+  // `ename` says what the answer promises (docs/decisions/0017-answers-are-promises.md).
+  void AbandonInFlight(const std::string& ename, const std::string& why, Effects* out);
   // nbos_cancel_request for `exec_id` to `to`; returns its msg_id.
   std::string SendCancel(ReplicaId to, const std::string& exec_id, Effects* out);
   // Cancels `exec_id` on every live replica but `except`, and on each that comes back later.
@@ -417,6 +444,7 @@ class KernelRouter {
   uint64_t next_plan_id_ = 0, next_timer_id_ = 0;
   bool held_ = false;
   std::string held_why_;
+  std::string majority_lost_why_;  // MajorityLost
   WaitNotice notice_;
   std::string busy_sent_for_;  // the request whose busy the gateway sent ahead of its status line
   int64_t last_reply_us_ = 0;  // when the last execution's reply went out
@@ -430,6 +458,9 @@ class KernelRouter {
   std::map<std::string, ReplicaId> control_to_;    // request msg_id -> replica it went to
   ReplicaId executor_ = 0;
   ReplicaId unreplicated_executor_ = 0;  // answered ReplicationError for the last cell
+  // Replicas whose last execute_reply said their namespace is not the log's (nbos.diverged), and
+  // why: left out of executor choice until they are replaced or say they follow again.
+  std::map<ReplicaId, std::string> diverged_;
   // The last cell answered through its replicas; empty after one that was abandoned or failed.
   std::string previous_exec_id_;
   int64_t last_activity_us_ = 0;

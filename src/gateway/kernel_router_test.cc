@@ -175,6 +175,11 @@ RouterEvent ParseEvent(const std::string& line) {
   if (cmd == "close") return RouterClosing{};
   if (cmd == "recover") return RecoverExecution{};
   if (cmd == "suspend") return SuspendChanged{w.positional.at(1) == "on"};
+  if (cmd == "majority-lost") {
+    std::string why;
+    for (size_t i = 1; i < w.positional.size(); ++i) why += (i > 1 ? " " : "") + w.positional[i];
+    return MajorityLost{why};
+  }
   ADD_FAILURE() << "unknown event: " << line;
   return InterruptRequested{};
 }
@@ -245,6 +250,9 @@ std::string DescribeEffect(const RouterEffect& effect) {
           [](const ResumeWanted&) { return std::string("resume-wanted"); },
           [](const ExecutionStarted& e) {
             return "started " + e.exec_id + " delay=" + std::to_string(e.delay_us / 1000) + "ms";
+          },
+          [](const ReplicaDiverged& e) {
+            return "diverged " + std::to_string(e.replica) + (e.why.empty() ? "" : ": " + e.why);
           },
       },
       effect);

@@ -243,6 +243,10 @@ struct KernelSession::Impl : std::enable_shared_from_this<KernelSession::Impl> {
                        if (options.hooks.execution_started)
                          options.hooks.execution_started(e.delay_us);
                      },
+                     [&](ReplicaDiverged& e) {
+                       if (options.hooks.replica_diverged)
+                         options.hooks.replica_diverged(e.replica, e.why);
+                     },
                      [&](InputRejected& e) {
                        spdlog::warn("kernel {}: refused a client message ({}): {}",
                                     options.kernel_id, RejectClassName(e.reason), e.detail);
@@ -673,6 +677,9 @@ void KernelSession::SetSuspended(bool suspended) {
   auto applied = done->get_future();
   impl_->Post(Impl::Synced{SuspendChanged{suspended}, done});
   applied.wait();
+}
+void KernelSession::SetMajorityLost(std::string why) {
+  impl_->Post(RouterEvent(MajorityLost{std::move(why)}));
 }
 void KernelSession::HoldExecutions(bool hold, std::string why) {
   // Synchronous: once a hold returns, executing_replica() tells whether an execution is still in

@@ -54,6 +54,9 @@ struct KernelSessionHooks {
   std::function<void()> resume_wanted;
   // An execution went to the replicas after `delay_us` waiting for an executor. Must not block.
   std::function<void(int64_t delay_us)> execution_started;
+  // A replica cannot follow the kernel's log (`why`), or follows again (`why` empty): the
+  // router's ReplicaDiverged. Must not block.
+  std::function<void(ReplicaId replica, const std::string& why)> replica_diverged;
 };
 
 struct KernelSessionOptions {
@@ -113,6 +116,9 @@ class KernelSession {
   // Suspended: the replicas are (to be) removed; requests that need them wait and call
   // hooks.resume_wanted (kernel_router.h, SuspendChanged). Returns once applied.
   void SetSuspended(bool suspended);
+  // Most replicas are gone with their logs (`why`; empty: a majority may form again): every
+  // answer without a majority says the kernel cannot come back (kernel_router.h, MajorityLost).
+  void SetMajorityLost(std::string why);
 
   // Migration: links a new replica (it gets every later execution, like the others), or drops
   // one (as if lost, then forgotten). Returns once the session thread applied the change.

@@ -106,6 +106,10 @@ std::vector<std::string> LocalDaemonArgv(const LocalHostOptions& options, int in
     argv.push_back("--sandbox-share");
     argv.push_back(dir);
   }
+  if (!options.workspace_root.empty()) {
+    argv.push_back("--workspace-root");
+    argv.push_back(options.workspace_root);
+  }
   if (!options.credential_file.empty()) {
     argv.push_back("--credential");
     argv.push_back(options.credential_file);

@@ -30,6 +30,7 @@ struct LocalHostOptions {
   std::string sandbox = "auto";  // the servers' --sandbox; state_dir is hidden from replicas
   std::vector<std::string> sandbox_share;  // the servers' --sandbox-share
   std::string raft_log_dir = "auto";       // the servers' --raft-log-dir
+  std::string workspace_root;              // the servers' --workspace-root; empty: none
   int max_hosts = 3;                       // ids host-1 .. host-max_hosts
   daemon::PortRange ports;                 // split evenly among max_hosts servers
   std::string log_level = "info";

@@ -126,6 +126,7 @@ Result<uint32_t> Migrator::Migrate(const std::string& kernel_id, const sched::Mi
     }
   } hold{m.session.get()};
   Rollback rollback;
+  if (Status s = LeaveIfLost(m, &clock); !s.ok()) return s;
   if (Status s = Join(m, &clock, &rollback); !s.ok()) return s;
   // No execution may start while four replicas are linked (their election could fail), and none
   // may be running when the fourth is linked.
@@ -185,6 +186,30 @@ Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
   }
   if (m.via == 0) return Unavailable("no live replica to change the Raft group through");
   return m;
+}
+
+// A lost replica still counts in the group's majority. Were the new member added first, three
+// of four voters would have to answer until the lost one left: one more fault meanwhile (another
+// server frozen or cut off) stops the kernel, and neither the removal nor the migration's undo
+// can commit then, so the group keeps four voters with one dead for good. Leaving first needs
+// the same two live members a cell needs now, and the group never holds more than three.
+Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
+  auto live = m.kernel.replica_live.find(m.plan.replica_id);
+  if (live == m.kernel.replica_live.end() || live->second) return Status::Ok();
+  if (Status s = MembershipChange(*m.session, m.via,
+                                  Json{{"op", "remove"}, {"replica_id", m.plan.replica_id}});
+      !s.ok()) {
+    return s;
+  }
+  // Should the rest of the migration fail, the replica stays out of the group even if its server
+  // reports it running again: it must not be counted live, and the next migration replaces it.
+  registry_->UpdateKernel(m.kernel_id, [&](KernelRecord& r) {
+    r.left_group.insert(m.plan.replica_id);
+    r.replica_live[m.plan.replica_id] = false;
+  });
+  m.session->ReplicaLost(m.plan.replica_id, "it left the kernel's Raft group to be replaced");
+  clock->Step("lost-left");
+  return Status::Ok();
 }
 
 // The new replica is prepared and launched on the target and joins the Raft group.

@@ -1,10 +1,10 @@
 // Migrator: carries out the scheduler's migration plans (DESIGN §5) on its own threads: each
 // takes seconds of waiting on daemons and Raft, which must hold up neither a kernel's session
-// nor the planner. The same steps replace a lost replica (its server gone): the new member joins
-// through a live one and the lost one is removed from the group; nothing is asked of the lost
-// server.
+// nor the planner. The same steps replace a lost replica (its server gone), except that the lost
+// one is removed from the group first; nothing is asked of the lost server.
 //
 // A migration is a sequence of steps, each registered with its undo as soon as it took effect:
+//   remove a lost old replica from the Raft group     (no undo: it is lost)
 //   prepare + launch the new replica on the target   undo: stop it (and remove its data)
 //   add it to the Raft group through a live member   undo: remove it from the group
 //   hold new executions, wait for the one in flight  undo: release the hold (always, at the end)
@@ -56,6 +56,8 @@ class Migrator {
                            const std::string& reason);
   Result<Move> Begin(const std::string& kernel_id, const sched::MigrationPlan& plan,
                      const std::string& reason);
+  // Removes the replica being replaced from the Raft group first when it is lost.
+  Status LeaveIfLost(Move& m, StepClock* clock);
   Status Join(Move& m, StepClock* clock, Rollback* rollback);
   Status Switch(Move& m, StepClock* clock, Rollback* rollback);
   Status MembershipChange(KernelSession& session, ReplicaId via, jupyter::Json request);

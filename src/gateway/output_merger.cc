@@ -101,18 +101,27 @@ std::vector<jupyter::Message> OutputMerger::OnReplicaLost(ReplicaId replica) {
   lost_.push_back(replica);
   std::vector<std::string> ids;
   for (auto& [id, r] : requests_) ids.push_back(id);
-  for (const std::string& id : ids) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& r = it->second;
-    r.waiting.erase(replica);
-    if (!r.answered_by && r.waiting.empty() && r.held_reply) {
-      jupyter::Message held = std::move(*r.held_reply);
-      Answer(id, r, r.held_from, std::move(held), &out);
-    }
-    MaybeFinish(id, r, &out);
-  }
+  for (const std::string& id : ids) StopWaiting(id, replica, &out);
   return out;
+}
+
+std::vector<jupyter::Message> OutputMerger::Excuse(const std::string& msg_id, ReplicaId replica) {
+  std::vector<jupyter::Message> out;
+  StopWaiting(msg_id, replica, &out);
+  return out;
+}
+
+void OutputMerger::StopWaiting(const std::string& id, ReplicaId replica,
+                               std::vector<jupyter::Message>* out) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request& r = it->second;
+  r.waiting.erase(replica);
+  if (!r.answered_by && r.waiting.empty() && r.held_reply) {
+    jupyter::Message held = std::move(*r.held_reply);
+    Answer(id, r, r.held_from, std::move(held), out);
+  }
+  MaybeFinish(id, r, out);
 }
 
 void OutputMerger::MaybeFinish(const std::string& msg_id, Request& r,

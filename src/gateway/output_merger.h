@@ -43,6 +43,10 @@ class OutputMerger {
   std::vector<jupyter::Message> OnReplicaLost(ReplicaId replica);
 
   void OnReplicaBack(ReplicaId replica);
+  // `replica` stopped answering while `msg_id` was in flight: the others' replies settle that
+  // request; whatever `replica` still sends for it once they did is dropped. Returns what to
+  // forward now.
+  std::vector<jupyter::Message> Excuse(const std::string& msg_id, ReplicaId replica);
   // `msg_id` was answered on the replicas' behalf: what they still send for it is dropped.
   // Returns whether its busy status was forwarded.
   bool Abandon(const std::string& msg_id);
@@ -64,6 +68,9 @@ class OutputMerger {
               std::vector<jupyter::Message>* out);
   void MaybeFinish(const std::string& msg_id, Request& r, std::vector<jupyter::Message>* out);
   void Finish(const std::string& msg_id);
+  // Stops waiting for `replica`'s reply to request `id`; answers with the held reply when no one
+  // else is waited for.
+  void StopWaiting(const std::string& id, ReplicaId replica, std::vector<jupyter::Message>* out);
 
   ReplicaId primary_ = 1;
   std::map<std::string, Request> requests_;

@@ -95,6 +95,7 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
   s.alive = true;
   out.client = s.client;
   out.orphans = FindOrphans(s);
+  FindForgotten(s);
   std::set<std::pair<std::string, uint32_t>> running;
   std::map<std::pair<std::string, uint32_t>, std::string> reasons;
   for (const auto& r : status.replicas()) {
@@ -104,7 +105,8 @@ Registry::HeartbeatOutcome Registry::OnHeartbeat(const control::ServerStatus& st
   for (auto& [id, k] : kernels_) {
     for (const auto& r : k.meta.replicas) {
       if (r.server_id != s.server_id) continue;
-      const bool live = running.count({id, r.replica_id}) > 0;
+      const bool live =
+          running.count({id, r.replica_id}) > 0 && k.left_group.count(r.replica_id) == 0;
       auto [pos, inserted] = k.replica_live.emplace(r.replica_id, live);
       if (!inserted && pos->second == live) continue;
       pos->second = live;
@@ -129,6 +131,9 @@ std::vector<ReplicaRef> Registry::FindOrphans(ServerRecord& s) {
     if (r.state() == "stopped") continue;
     auto k = kernels_.find(r.kernel_id());
     if (k != kernels_.end()) {
+      // An id a server reports is never given to another replica of the kernel (a gateway
+      // restarted mid-migration did not record the one it had given).
+      k->second.last_replica_id = std::max(k->second.last_replica_id, r.replica_id());
       if (!k->second.op_mu->TryLock()) continue;
       k->second.op_mu->Unlock();
       const auto& replicas = k->second.meta.replicas;
@@ -144,6 +149,34 @@ std::vector<ReplicaRef> Registry::FindOrphans(ServerRecord& s) {
   }
   s.orphans_seen = std::move(seen);
   return orphans;
+}
+
+// Kernels with an operation under way (start, restart, migration, resume) are left alone: their
+// replicas may not be launched yet. Two heartbeats in a row rule out one taken just before a
+// launch.
+void Registry::FindForgotten(ServerRecord& s) {
+  std::set<std::pair<std::string, uint32_t>> reported;
+  for (const auto& r : s.status.replicas()) reported.insert({r.kernel_id(), r.replica_id()});
+  std::set<std::pair<std::string, uint32_t>> missing;
+  std::set<std::pair<std::string, uint32_t>> forgotten;
+  for (auto& [id, k] : kernels_) {
+    if (!k.in_cluster || k.suspended || k.migrating || !k.op_mu->TryLock()) continue;
+    k.op_mu->Unlock();
+    for (const StoredReplica& r : k.meta.replicas) {
+      const std::pair<std::string, uint32_t> key{id, r.replica_id};
+      if (r.server_id != s.server_id || reported.count(key)) continue;
+      missing.insert(key);
+      if (s.missing_seen.count(key)) forgotten.insert(key);
+    }
+  }
+  for (const auto& key : forgotten) {
+    if (!s.forgotten.count(key)) {
+      spdlog::warn("server {} no longer runs replica {} of kernel {} (its daemon restarted?)",
+                   s.server_id, key.second, key.first);
+    }
+  }
+  s.missing_seen = std::move(missing);
+  s.forgotten = std::move(forgotten);
 }
 
 std::vector<LivenessChange> Registry::ExpireServers(std::chrono::milliseconds timeout) {
@@ -167,7 +200,30 @@ std::vector<LivenessChange> Registry::ExpireServers(std::chrono::milliseconds ti
       }
     }
   }
+  if (now - made_ >= timeout) ExpireUnregistered(now, &lost);
   return lost;
+}
+
+// A gateway restarted while a server was down (or after it was lost) hears nothing from it: its
+// replicas, listed as starting, would be waited for for ever instead of replaced.
+void Registry::ExpireUnregistered(SteadyClock::time_point now, std::vector<LivenessChange>* lost) {
+  std::set<std::string> silent;
+  for (auto& [kid, k] : kernels_) {
+    for (const auto& r : k.meta.replicas) {
+      if (servers_.count(r.server_id) || k.replica_live.count(r.replica_id)) continue;
+      k.replica_live[r.replica_id] = false;
+      k.lost_since.emplace(r.replica_id, now);
+      if (k.session) lost->push_back({k.session, r.replica_id, false});
+      silent.insert(r.server_id);
+    }
+  }
+  for (const std::string& id : silent) {
+    spdlog::warn(
+        "server {} has not registered since the gateway started; its replicas count as "
+        "lost",
+        id);
+    NoteEventLocked("server-lost", "", id + " has not registered since the gateway started");
+  }
 }
 
 std::shared_ptr<daemon::DaemonClient> Registry::ClientLocked(const std::string& server_id) const {
@@ -655,11 +711,20 @@ std::set<std::string, std::less<>> Registry::WarmServers() const {
 }
 
 ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) const {
+  if (!k.left_group.empty()) {
+    *reason = fmt::format("replacing replica {}, which left the Raft group", *k.left_group.begin());
+    return *k.left_group.begin();
+  }
   for (const StoredReplica& r : k.meta.replicas) {
     auto server = servers_.find(r.server_id);
     if (server == servers_.end()) continue;  // not registered since the gateway started
     *reason = "replacing a lost replica";
     if (!server->second.alive) return r.replica_id;
+    if (server->second.forgotten.count({k.meta.kernel_id, r.replica_id})) {
+      *reason = fmt::format("replacing replica {}, which server {} no longer runs", r.replica_id,
+                            r.server_id);
+      return r.replica_id;
+    }
     for (const auto& st : server->second.status.replicas()) {
       if (st.kernel_id() == k.meta.kernel_id && st.replica_id() == r.replica_id &&
           st.state() == "exited") {
@@ -669,8 +734,34 @@ ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) co
     *reason = "draining server " + r.server_id;
     if (server->second.draining) return r.replica_id;
   }
+  for (const auto& [replica, why] : k.diverged) {
+    auto live = k.replica_live.find(replica);
+    if (live == k.replica_live.end() || !live->second ||
+        SteadyClock::now() < k.divergence_retry_after) {
+      continue;
+    }
+    *reason = fmt::format("replacing replica {}, which cannot follow its log ({})", replica, why);
+    return replica;
+  }
   reason->clear();
   return 0;
+}
+
+void Registry::NoteDivergence(const std::string& kernel_id, uint32_t replica_id,
+                              const std::string& why) {
+  MutexLock lock(&mu_);
+  auto k = kernels_.find(kernel_id);
+  if (k == kernels_.end()) return;
+  if (why.empty()) {
+    if (k->second.diverged.erase(replica_id) > 0) {
+      spdlog::info("kernel {}: replica {} follows its log again", kernel_id, replica_id);
+    }
+    return;
+  }
+  k->second.diverged[replica_id] = why;
+  spdlog::warn("kernel {}: replica {} cannot follow its log: {}", kernel_id, replica_id, why);
+  NoteEventLocked("replica-diverged", kernel_id,
+                  fmt::format("replica {} cannot follow its log: {}", replica_id, why));
 }
 
 // Logged when the reason a kernel waits changes, not every retry.
@@ -689,6 +780,7 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
     std::string reason;
     const ReplicaId lost = ReplicaToMove(k, &reason);
     if (lost == 0) {
+      NoteMajorityLost(k);
       k.lost_since.clear();  // replicas seen lost came back
       k.move_wait_logged.clear();
       continue;
@@ -696,6 +788,7 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
     if (!k.replica_live.count(lost) || !k.replica_live.at(lost)) k.lost_since.emplace(lost, now);
     size_t live = 0;
     for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
+    NoteMajorityLost(k);
     if (2 * live <= k.meta.replicas.size()) {
       k.migration_retry_after = now + retry;
       LogMoveWait(k, fmt::format("{} of {} replicas live; waiting for a majority to replace one",
@@ -713,9 +806,42 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
       continue;
     }
     k.migrating = true;
+    if (k.diverged.count(lost)) {
+      const bool quiet = now - k.divergence_retry_after > kDivergenceQuiet;
+      k.divergence_backoff = quiet ? kDivergenceBackoffFirst
+                                   : std::min(2 * k.divergence_backoff, kDivergenceBackoffMax);
+      k.divergence_retry_after = now + k.divergence_backoff;
+    }
     plans.push_back({id, std::move(plan).value(), std::move(reason)});
   }
   return plans;
+}
+
+// A replica its server no longer runs is gone with its log (a restarted daemon forgets both);
+// one on a lost server may come back. When the gone ones leave no majority, none can form again.
+void Registry::NoteMajorityLost(KernelRecord& k) {
+  size_t gone = 0;
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto server = servers_.find(r.server_id);
+    if (server != servers_.end() &&
+        server->second.forgotten.count({k.meta.kernel_id, r.replica_id}))
+      ++gone;
+  }
+  const size_t replicas = k.meta.replicas.size();
+  const std::string why =
+      2 * (replicas - gone) <= replicas
+          ? fmt::format(
+                "{} of {} replicas of this kernel are gone with their logs (their servers "
+                "restarted without them)",
+                gone, replicas)
+          : "";
+  if (why == k.majority_lost) return;
+  k.majority_lost = why;
+  if (!why.empty()) {
+    spdlog::error("kernel {}: {}; it cannot run cells again", k.meta.kernel_id, why);
+    NoteEventLocked("majority-lost", k.meta.kernel_id, why);
+  }
+  k.session->SetMajorityLost(why);
 }
 
 Result<sched::MigrationPlan> Registry::RequestMove(const std::string& kernel_id,
@@ -807,7 +933,9 @@ std::optional<StoredKernel> Registry::ReplaceReplica(const std::string& kernel_i
   std::erase_if(k.meta.replicas, [&](const StoredReplica& r) { return r.replica_id == old_id; });
   k.meta.replicas.push_back(replacement);
   k.replica_live.erase(old_id);
+  k.left_group.erase(old_id);
   k.replica_live[replacement.replica_id] = true;
+  k.diverged.erase(old_id);
   if (Status s = scheduler_.OnReplicaAdded(NowMs(), kernel_id, replacement.replica_id,
                                            replacement.server_id);
       !s.ok()) {

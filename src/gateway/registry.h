@@ -48,7 +48,9 @@ struct KernelRecord {
   std::shared_ptr<Mutex> op_mu = std::make_shared<Mutex>();
   bool in_cluster = false;  // part of the scheduler's view (all its servers registered)
   std::map<ReplicaId, bool> replica_live;
-  bool migrating = false;                        // a migration is queued or running
+  bool migrating = false;  // a migration is queued or running
+  // Why a majority of the replicas cannot form again ("" while it may): told to the session.
+  std::string majority_lost;
   std::optional<MigrationInProgress> migration;  // set while one runs
   // When the gateway first saw each replica lost (for the time to replace it).
   std::map<ReplicaId, SteadyClock::time_point> lost_since;
@@ -57,6 +59,15 @@ struct KernelRecord {
   uint32_t last_replica_id = 0;  // replica ids are never reused within a kernel
   // Idle too long: checkpointed (meta.checkpoint), replicas stopped, out of the scheduler's view.
   bool suspended = false;
+  // Replicas whose namespace is not the state their log holds, and why (the session's
+  // ReplicaDiverged); PlanMoves replaces them, the next one no earlier than
+  // divergence_retry_after.
+  std::map<ReplicaId, std::string> diverged;
+  SteadyClock::time_point divergence_retry_after{};
+  // Replicas a migration took out of the Raft group before its replacement joined: lost for
+  // good, whatever their servers report, until replaced.
+  std::set<ReplicaId> left_group;
+  std::chrono::milliseconds divergence_backoff{0};
 };
 
 struct ServerRecord {
@@ -72,6 +83,11 @@ struct ServerRecord {
   // Replicas this daemon runs that belong to no kernel, as of the last heartbeat; stopped when
   // the next heartbeat still reports them.
   std::set<std::pair<std::string, uint32_t>> orphans_seen;
+  // Replicas of kernels placed on this server that its last heartbeat did not report, and those
+  // two heartbeats in a row did not (`forgotten`): the daemon no longer runs them (it restarted,
+  // and a restarted daemon forgets its replicas and their logs), so they are replaced.
+  std::set<std::pair<std::string, uint32_t>> missing_seen;
+  std::set<std::pair<std::string, uint32_t>> forgotten;
 };
 
 // A replica's liveness as its daemon reports it, for the kernel's session.
@@ -168,7 +184,9 @@ class Registry {
     std::shared_ptr<daemon::DaemonClient> client;
   };
   HeartbeatOutcome OnHeartbeat(const control::ServerStatus& status) EXCLUDES(mu_);
-  // Servers silent for longer than `timeout` stop counting: their replicas are lost.
+  // Servers silent for longer than `timeout` stop counting: their replicas are lost. So are the
+  // replicas of recorded kernels on servers that have not registered `timeout` after this
+  // registry was made (lost while the gateway was down).
   std::vector<LivenessChange> ExpireServers(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   std::shared_ptr<daemon::DaemonClient> Client(const std::string& server_id) const EXCLUDES(mu_);
   // Client, waiting up to `timeout` for the server to register: right after a gateway restart
@@ -261,6 +279,17 @@ class Registry {
   // for good) or its server drains. A kernel without a live majority, or whose plan has no
   // target, waits (its next try backs off for `retry`).
   std::vector<MovePlan> PlanMoves(std::chrono::milliseconds retry) EXCLUDES(mu_);
+  // The kernel's session says `replica` cannot follow its log (`why`), or, with `why` empty,
+  // follows again. PlanMoves replaces such a replica like a lost one, each replacement of one
+  // kernel's diverged replicas waiting twice as long as the one before (2 s up to 5 minutes;
+  // back to 2 s after 10 quiet minutes): a failure every new replica meets (a value that cannot
+  // be rebuilt anywhere but on its executor) must not replace replicas without end, and one that
+  // passes must still be healed. The cluster view shows it.
+  void NoteDivergence(const std::string& kernel_id, uint32_t replica_id, const std::string& why)
+      EXCLUDES(mu_);
+  static constexpr std::chrono::milliseconds kDivergenceBackoffFirst{2000};
+  static constexpr std::chrono::milliseconds kDivergenceBackoffMax{300000};
+  static constexpr std::chrono::minutes kDivergenceQuiet{10};
   // An operator's move of one kernel's replica (MoveRequested: replica and target optional).
   // Marks the kernel migrating. Errors: NotFound (kernel, replica, server), InvalidArgument (a
   // target that cannot take it), Unavailable (a migration of this kernel is under way, the
@@ -299,10 +328,17 @@ class Registry {
   Status AddToCluster(KernelRecord& kernel) REQUIRES(mu_);
   Result<std::vector<std::string>> PlaceLocked(KernelRecord& kernel, int replicas) REQUIRES(mu_);
   std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
+  // Updates server.missing_seen and server.forgotten from its last status.
+  void FindForgotten(ServerRecord& server) REQUIRES(mu_);
+  // Tells the kernel's session whether a majority of its replicas is gone for good.
+  void NoteMajorityLost(KernelRecord& kernel) REQUIRES(mu_);
+  // The replicas on servers that never registered (ExpireServers).
+  void ExpireUnregistered(SteadyClock::time_point now, std::vector<LivenessChange>* lost)
+      REQUIRES(mu_);
   std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
       REQUIRES(mu_);
-  // The first of the kernel's replicas that must move (lost, or on a draining server); 0 when
-  // none must. `reason` says why.
+  // The first of the kernel's replicas that must move (lost, on a draining server, or diverged
+  // and past its backoff); 0 when none must. `reason` says why.
   ReplicaId ReplicaToMove(const KernelRecord& kernel, std::string* reason) const REQUIRES(mu_);
   std::set<std::string, std::less<>> WarmServers() const REQUIRES(mu_);
   static void LogMoveWait(KernelRecord& kernel, std::string why);
@@ -312,6 +348,7 @@ class Registry {
   daemon::DaemonClientOptions client_options_ GUARDED_BY(mu_);
   sched::Scheduler scheduler_ GUARDED_BY(mu_);
   std::map<std::string, ServerRecord> servers_ GUARDED_BY(mu_);
+  const SteadyClock::time_point made_ = SteadyClock::now();
   std::map<std::string, KernelRecord> kernels_ GUARDED_BY(mu_);
   RegistryCounters counters_ GUARDED_BY(mu_);
   uint64_t events_noted_ GUARDED_BY(mu_) = 0;

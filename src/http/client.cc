@@ -16,11 +16,11 @@
 #include <boost/beast/websocket.hpp>
 #include <cctype>
 #include <charconv>
-#include <condition_variable>
 #include <deque>
 #include <future>
-#include <mutex>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace nbos::http {
 namespace {
@@ -244,10 +244,10 @@ struct WsClient::Impl {
   uint16_t sent_close_code = 1000;
 
   // Shared with callers.
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::deque<WsFrame> frames;
-  std::optional<WsFrame> ended;  // the kClose frame once the connection is over
+  mutable Mutex mu;
+  CondVar cv;
+  std::deque<WsFrame> frames GUARDED_BY(mu);
+  std::optional<WsFrame> ended GUARDED_BY(mu);  // the kClose frame once the connection is over
 
   // The read loop (I/O thread).
   void Read() {
@@ -262,10 +262,10 @@ struct WsClient::Impl {
                     beast::buffers_to_string(read_buffer.data()), 0};
       read_buffer.consume(read_buffer.size());
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         frames.push_back(std::move(frame));
       }
-      cv.notify_all();
+      cv.SignalAll();
       Read();
     });
   }
@@ -286,12 +286,12 @@ struct WsClient::Impl {
   }
 
   // Marks the connection over (I/O thread) and fails what is still queued for writing.
-  void End(WsFrame close) {
+  void End(WsFrame close) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (!ended) ended = std::move(close);
     }
-    cv.notify_all();
+    cv.SignalAll();
     if (!writing) FailQueued();
     beast::error_code ignored;
     beast::get_lowest_layer(ws).socket().close(ignored);
@@ -302,8 +302,8 @@ struct WsClient::Impl {
     writes.clear();
   }
 
-  bool Ended() const {
-    std::lock_guard lock(mu);
+  bool Ended() const EXCLUDES(mu) {
+    MutexLock lock(&mu);
     return ended.has_value();
   }
 
@@ -456,9 +456,11 @@ Status WsClient::SendBinary(std::string_view data) {
 }
 
 std::optional<WsFrame> WsClient::Receive(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(impl_->mu);
-  impl_->cv.wait_for(lock, timeout,
-                     [&] { return !impl_->frames.empty() || impl_->ended.has_value(); });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&impl_->mu);
+  while (impl_->frames.empty() && !impl_->ended.has_value() &&
+         impl_->cv.WaitUntil(&impl_->mu, deadline)) {
+  }
   if (!impl_->frames.empty()) {
     WsFrame f = std::move(impl_->frames.front());
     impl_->frames.pop_front();
@@ -476,8 +478,10 @@ void WsClient::Close(uint16_t code, std::string_view reason) {
   w->reason.reason = std::string(reason.substr(0, 123));  // the frame's limit
   (void)impl_->Write(std::move(w), kCloseWait);
   // The peer's close frame ends the read loop; wait for it briefly.
-  std::unique_lock lock(impl_->mu);
-  impl_->cv.wait_for(lock, kCloseWait, [&] { return impl_->ended.has_value(); });
+  const auto deadline = std::chrono::steady_clock::now() + kCloseWait;
+  MutexLock lock(&impl_->mu);
+  while (!impl_->ended.has_value() && impl_->cv.WaitUntil(&impl_->mu, deadline)) {
+  }
 }
 
 bool WsClient::open() const { return !impl_->Ended(); }

@@ -22,10 +22,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cctype>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -33,6 +31,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/thread_annotations.h"
 #include "http/router.h"
 
 namespace nbos::http {
@@ -152,15 +151,15 @@ struct Shared {
   Authenticator authenticator;
   std::unique_ptr<net::thread_pool> pool;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stopping = false;
-  uint64_t next_id = 1;
-  std::map<uint64_t, std::weak_ptr<SessionBase>> sessions;
+  Mutex mu;
+  CondVar cv;  // signalled when a session unregisters
+  bool stopping GUARDED_BY(mu) = false;
+  uint64_t next_id GUARDED_BY(mu) = 1;
+  std::map<uint64_t, std::weak_ptr<SessionBase>> sessions GUARDED_BY(mu);
 
   // False once Stop has begun; the caller then drops the session.
-  bool Register(const std::shared_ptr<SessionBase>& session);
-  void Unregister(uint64_t id);
+  bool Register(const std::shared_ptr<SessionBase>& session) EXCLUDES(mu);
+  void Unregister(uint64_t id) EXCLUDES(mu);
 
   // Sets req.identity; a refusal is Unauthenticated, or Unavailable when the authenticator
   // could not decide now.
@@ -242,7 +241,7 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
 };
 
 bool Shared::Register(const std::shared_ptr<SessionBase>& session) {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   if (stopping) return false;
   session->id_ = next_id++;
   sessions.emplace(session->id_, session);
@@ -251,9 +250,9 @@ bool Shared::Register(const std::shared_ptr<SessionBase>& session) {
 
 void Shared::Unregister(uint64_t id) {
   if (id == 0) return;
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   sessions.erase(id);
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 class WsSession;
@@ -278,18 +277,19 @@ class WsConnImpl final : public WsConnection {
 
   void MarkClosed() { closed_ = true; }
   void Dequeued(size_t n) { queued_ -= n; }
-  void Detach() {
-    std::lock_guard lock(mu_);
+  void Detach() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     closed_ = true;
     executor_.reset();
   }
 
  private:
-  void Send(bool binary, std::string data);
+  void Send(bool binary, std::string data) EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  std::optional<net::any_io_executor> executor_;  // the session's strand; reset by Detach
-  std::weak_ptr<WsSession> session_;              // set once, before the factory sees `this`
+  mutable Mutex mu_;
+  // The session's strand; reset by Detach.
+  std::optional<net::any_io_executor> executor_ GUARDED_BY(mu_);
+  std::weak_ptr<WsSession> session_;  // set once, before the factory sees `this`
   const std::string subprotocol_;
   const std::string remote_;
   std::atomic<size_t> queued_{0};
@@ -316,7 +316,7 @@ class WsSession final : public SessionBase {
       tls_server_thread = true;
       Result<std::shared_ptr<WsHandler>> result = self->MakeHandler();
       {
-        std::lock_guard lock(self->factory_mu_);
+        MutexLock lock(&self->factory_mu_);
         self->factory_result_.emplace(std::move(result));
       }
       net::post(self->ws_.get_executor(), [self] { self->OnFactory(); });
@@ -381,8 +381,8 @@ class WsSession final : public SessionBase {
     }
   }
 
-  std::optional<Result<std::shared_ptr<WsHandler>>> TakeFactoryResult() {
-    std::lock_guard lock(factory_mu_);
+  std::optional<Result<std::shared_ptr<WsHandler>>> TakeFactoryResult() EXCLUDES(factory_mu_) {
+    MutexLock lock(&factory_mu_);
     return std::exchange(factory_result_, std::nullopt);
   }
 
@@ -580,12 +580,12 @@ class WsSession final : public SessionBase {
   State state_ = State::kFactory;
   std::optional<std::pair<uint16_t, std::string>> close_request_;
   std::optional<BeastResponse> refusal_;
-  std::mutex factory_mu_;  // the handler pool hands the factory's result over through here
-  std::optional<Result<std::shared_ptr<WsHandler>>> factory_result_;
+  Mutex factory_mu_;  // the handler pool hands the factory's result over through here
+  std::optional<Result<std::shared_ptr<WsHandler>>> factory_result_ GUARDED_BY(factory_mu_);
 };
 
 void WsConnImpl::Send(bool binary, std::string data) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!executor_ || closed_) return;
   queued_ += data.size();
   net::post(*executor_, [session = session_, binary, data = std::move(data)]() mutable {
@@ -594,7 +594,7 @@ void WsConnImpl::Send(bool binary, std::string data) {
 }
 
 void WsConnImpl::Close(uint16_t code, std::string reason) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!executor_ || closed_) return;
   closed_ = true;
   net::post(*executor_, [session = session_, code, reason = std::move(reason)]() mutable {
@@ -731,7 +731,7 @@ class HttpSession final : public SessionBase {
     if (aborted_) return;
     bool stopping;
     {
-      std::lock_guard lock(shared_->mu);
+      MutexLock lock(&shared_->mu);
       stopping = shared_->stopping;
     }
     response_.emplace(ToBeastResponse(std::move(response), version, keep_alive && !stopping));
@@ -943,7 +943,7 @@ void Server::Stop() {
 
   auto live_sessions = [&shared] {
     std::vector<std::shared_ptr<SessionBase>> live;
-    std::lock_guard lock(shared.mu);
+    MutexLock lock(&shared.mu);
     for (auto& [id, weak] : shared.sessions) {
       if (auto s = weak.lock()) live.push_back(std::move(s));
     }
@@ -951,7 +951,7 @@ void Server::Stop() {
   };
 
   {
-    std::lock_guard lock(shared.mu);
+    MutexLock lock(&shared.mu);
     shared.stopping = true;
   }
   net::post(im.acceptor->get_executor(), [&im] {
@@ -961,8 +961,10 @@ void Server::Stop() {
   });
   for (auto& s : live_sessions()) s->Abort();
   {
-    std::unique_lock lock(shared.mu);
-    shared.cv.wait_for(lock, shared.options.stop_grace, [&] { return shared.sessions.empty(); });
+    const auto deadline = std::chrono::steady_clock::now() + shared.options.stop_grace;
+    MutexLock lock(&shared.mu);
+    while (!shared.sessions.empty() && shared.cv.WaitUntil(&shared.mu, deadline)) {
+    }
   }
   // Whatever is left (a handler still running, a peer that never answered our close) is cut off.
   for (auto& s : live_sessions()) s->Detach();

@@ -9,11 +9,11 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <future>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace nbos::http {
 namespace {
@@ -176,37 +176,40 @@ class RecordingHandler : public WsHandler {
     if (echo_) conn_->SendBinary(data);
     Record("binary:" + data);
   }
-  void OnClose() override {
-    std::lock_guard lock(mu_);
+  void OnClose() EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     ++close_calls_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  bool WaitClosed(std::chrono::milliseconds timeout = 5s) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return close_calls_ > 0; });
+  bool WaitClosed(std::chrono::milliseconds timeout = 5s) EXCLUDES(mu_) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    MutexLock lock(&mu_);
+    while (close_calls_ == 0 && cv_.WaitUntil(&mu_, deadline)) {
+    }
+    return close_calls_ > 0;
   }
-  int close_calls() {
-    std::lock_guard lock(mu_);
+  int close_calls() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return close_calls_;
   }
-  std::vector<std::string> received() {
-    std::lock_guard lock(mu_);
+  std::vector<std::string> received() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return received_;
   }
 
  private:
-  void Record(std::string s) {
-    std::lock_guard lock(mu_);
+  void Record(std::string s) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     received_.push_back(std::move(s));
   }
 
   std::shared_ptr<WsConnection> conn_;
   const bool echo_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> received_;
-  int close_calls_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::string> received_ GUARDED_BY(mu_);
+  int close_calls_ GUARDED_BY(mu_) = 0;
 };
 
 class ServerTest : public ::testing::Test {
@@ -258,10 +261,10 @@ class ServerTest : public ::testing::Test {
             return NotFound("no kernel missing");
           }
           auto handler = std::make_shared<RecordingHandler>(conn, /*echo=*/true);
-          std::lock_guard lock(mu_);
+          MutexLock lock(&mu_);
           conns_.push_back(conn);
           handlers_.push_back(handler);
-          cv_.notify_all();
+          cv_.SignalAll();
           return std::shared_ptr<WsHandler>(handler);
         });
   }
@@ -272,9 +275,13 @@ class ServerTest : public ::testing::Test {
   }
 
   // The n-th WebSocket connection the server accepted (0-based), waiting for it.
-  std::pair<std::shared_ptr<WsConnection>, std::shared_ptr<RecordingHandler>> Accepted(size_t n) {
-    std::unique_lock lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, 5s, [&] { return conns_.size() > n; }));
+  std::pair<std::shared_ptr<WsConnection>, std::shared_ptr<RecordingHandler>> Accepted(size_t n)
+      EXCLUDES(mu_) {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    MutexLock lock(&mu_);
+    while (conns_.size() <= n && cv_.WaitUntil(&mu_, deadline)) {
+    }
+    EXPECT_TRUE(conns_.size() > n);
     if (conns_.size() <= n) return {};
     return {conns_[n], handlers_[n]};
   }
@@ -284,10 +291,10 @@ class ServerTest : public ::testing::Test {
   }
 
   Server server_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<WsConnection>> conns_;
-  std::vector<std::shared_ptr<RecordingHandler>> handlers_;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::shared_ptr<WsConnection>> conns_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<RecordingHandler>> handlers_ GUARDED_BY(mu_);
 };
 
 const std::vector<std::pair<std::string, std::string>> kAuth = {{"Authorization", "token secret"}};

@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
 
+#include "common/thread_annotations.h"
 #include "http/client.h"
 
 namespace nbos::relay {
@@ -75,14 +74,14 @@ struct GatewayLink::Impl {
   std::string base;  // url without trailing slashes
   std::string kernel_id;
 
-  std::mutex mu;  // orders sends against reconnects
-  std::shared_ptr<http::WsClient> ws;
-  std::deque<std::pair<std::string, bool>> backlog;  // encoded frames, binary?
-  size_t backlog_bytes = 0;
-  bool gone = false;
+  Mutex mu;  // orders sends against reconnects
+  std::shared_ptr<http::WsClient> ws GUARDED_BY(mu);
+  std::deque<std::pair<std::string, bool>> backlog GUARDED_BY(mu);  // encoded frames, binary?
+  size_t backlog_bytes GUARDED_BY(mu) = 0;
+  bool gone GUARDED_BY(mu) = false;
   std::atomic<bool> stopping{false};
-  std::mutex stop_mu;  // with stop_cv, wakes a reconnect backoff at once on Stop
-  std::condition_variable stop_cv;
+  Mutex stop_mu;  // with stop_cv, wakes a reconnect backoff at once on Stop
+  CondVar stop_cv;
   std::thread reader;
 
   http::Headers Headers(bool json) const {
@@ -111,7 +110,7 @@ struct GatewayLink::Impl {
     return s.ok();
   }
 
-  void Queue(std::string frame, bool binary) {
+  void Queue(std::string frame, bool binary) REQUIRES(mu) {
     backlog_bytes += frame.size();
     backlog.emplace_back(std::move(frame), binary);
     while (backlog_bytes > kMaxBacklogBytes && !backlog.empty()) {
@@ -121,8 +120,8 @@ struct GatewayLink::Impl {
     }
   }
 
-  // Sends the backlog on `w` (mu held); false (the rest kept) when it failed.
-  bool Flush(http::WsClient& w) {
+  // Sends the backlog on `w`; false (the rest kept) when it failed.
+  bool Flush(http::WsClient& w) REQUIRES(mu) {
     while (!backlog.empty()) {
       if (!SendOn(w, backlog.front().first, backlog.front().second)) return false;
       backlog_bytes -= backlog.front().first.size();
@@ -142,14 +141,17 @@ struct GatewayLink::Impl {
   }
 
   // Waits `d` unless stopping; true when stopping.
-  bool Sleep(std::chrono::milliseconds d) {
-    std::unique_lock lock(stop_mu);
-    return stop_cv.wait_for(lock, d, [this] { return stopping.load(); });
+  bool Sleep(std::chrono::milliseconds d) EXCLUDES(stop_mu) {
+    const auto deadline = std::chrono::steady_clock::now() + d;
+    MutexLock lock(&stop_mu);
+    while (!stopping.load() && stop_cv.WaitUntil(&stop_mu, deadline)) {
+    }
+    return stopping.load();
   }
 
-  void GiveUp(const Status& why) {
+  void GiveUp(const Status& why) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       gone = true;
       ws.reset();
       backlog.clear();
@@ -159,7 +161,7 @@ struct GatewayLink::Impl {
     on_gone(why);
   }
 
-  void ReadLoop(std::shared_ptr<http::WsClient> current) {
+  void ReadLoop(std::shared_ptr<http::WsClient> current) EXCLUDES(mu) {
     while (!stopping) {
       auto frame = current->Receive(200ms);
       if (!frame) continue;
@@ -171,7 +173,7 @@ struct GatewayLink::Impl {
       spdlog::warn("kernel {}: websocket closed ({} {}); reconnecting", kernel_id,
                    frame->close_code, frame->data);
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         ws.reset();
       }
       current.reset();
@@ -182,7 +184,7 @@ struct GatewayLink::Impl {
   }
 
   // Reopens the WebSocket with exponential backoff; nullptr when stopping or given up.
-  std::shared_ptr<http::WsClient> Reconnect() {
+  std::shared_ptr<http::WsClient> Reconnect() EXCLUDES(mu) {
     const auto deadline = std::chrono::steady_clock::now() + options.reconnect_for;
     auto delay = options.backoff_initial;
     while (true) {
@@ -190,7 +192,7 @@ struct GatewayLink::Impl {
       delay = std::min(delay * 2, options.backoff_max);
       auto opened = Open();
       if (opened.ok()) {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         if (!Flush(**opened)) continue;  // broke again at once: try again
         ws = *opened;
         spdlog::info("kernel {}: websocket reopened", kernel_id);
@@ -253,7 +255,10 @@ Result<std::unique_ptr<GatewayLink>> GatewayLink::Start(GatewayOptions options,
     return Status(why.code(), "opening the channels of kernel " + impl->kernel_id +
                                   " failed: " + why.message());
   }
-  impl->ws = *ws;
+  {
+    MutexLock lock(&impl->mu);  // no reader yet
+    impl->ws = *ws;
+  }
   Impl* p = impl.get();
   impl->reader = std::thread([p, first = *ws] { p->ReadLoop(first); });
   return std::unique_ptr<GatewayLink>(new GatewayLink(std::move(impl)));
@@ -264,7 +269,7 @@ const std::string& GatewayLink::kernel_id() const { return impl_->kernel_id; }
 void GatewayLink::Send(const jupyter::WsMessage& message) {
   bool binary = false;
   std::string frame = jupyter::EncodeWs(message, &binary);
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   if (impl_->gone || impl_->stopping) {
     spdlog::warn("kernel {}: dropped a {} message: the kernel is gone", impl_->kernel_id,
                  message.message.msg_type());
@@ -303,18 +308,18 @@ Status GatewayLink::Delete(std::chrono::milliseconds timeout) {
 void GatewayLink::Stop() {
   if (!impl_) return;
   {
-    std::lock_guard lock(impl_->stop_mu);
+    MutexLock lock(&impl_->stop_mu);
     if (impl_->stopping.exchange(true)) return;
   }
-  impl_->stop_cv.notify_all();
+  impl_->stop_cv.SignalAll();
   std::shared_ptr<http::WsClient> ws;
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     ws = impl_->ws;
   }
   if (ws) ws->Close(1000, "");
   if (impl_->reader.joinable()) impl_->reader.join();
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->ws.reset();
 }
 

@@ -3,12 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "http/server.h"
 
 namespace nbos::relay {
@@ -28,7 +27,7 @@ class FakeGateway {
       return Unauthenticated("bad token");
     });
     server_.Route("POST", "/api/kernels", [this](const http::Request& r) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       posted_ = Json::parse(r.body, nullptr, false);
       http::Response res;
       res.status = 201;
@@ -36,7 +35,7 @@ class FakeGateway {
       return res;
     });
     server_.Route("DELETE", "/api/kernels/{id}", [this](const http::Request& r) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       deleted_.insert(r.params.at("id"));
       http::Response res;
       res.status = 204;
@@ -56,7 +55,7 @@ class FakeGateway {
                         if (r.params.at("id") != "k1" || gone_) return NotFound("no kernel");
                         if (refuse_) return Unavailable("not now");
                         {
-                          std::lock_guard lock(mu_);
+                          MutexLock lock(&mu_);
                           conn_ = conn;
                           ++opened_;
                         }
@@ -67,8 +66,8 @@ class FakeGateway {
   }
 
   // Drops the current WebSocket as a network failure would.
-  void DropConnection() {
-    std::lock_guard lock(mu_);
+  void DropConnection() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (conn_) conn_->Close(1011, "dropped");
   }
 
@@ -88,11 +87,11 @@ class FakeGateway {
 
   http::Server server_;
   std::string url_;
-  std::mutex mu_;
-  Json posted_;
-  std::set<std::string> deleted_;
-  std::shared_ptr<http::WsConnection> conn_;
-  int opened_ = 0;
+  Mutex mu_;
+  Json posted_ GUARDED_BY(mu_);
+  std::set<std::string> deleted_ GUARDED_BY(mu_);
+  std::shared_ptr<http::WsConnection> conn_ GUARDED_BY(mu_);
+  int opened_ GUARDED_BY(mu_) = 0;
   std::atomic<int> interrupts_{0};
   std::atomic<bool> gone_{false};
   std::atomic<bool> refuse_{false};  // WebSocket upgrades fail with 500 while set
@@ -100,35 +99,39 @@ class FakeGateway {
 
 class Inbox {
  public:
-  void Push(WsMessage m) {
-    std::lock_guard lock(mu_);
+  void Push(WsMessage m) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     messages_.push_back(std::move(m));
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  void Gone(const Status& s) {
-    std::lock_guard lock(mu_);
+  void Gone(const Status& s) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     gone_ = s;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  std::optional<WsMessage> Pop() {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, 10s, [&] { return !messages_.empty(); });
+  std::optional<WsMessage> Pop() EXCLUDES(mu_) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    MutexLock lock(&mu_);
+    while (messages_.empty() && cv_.WaitUntil(&mu_, deadline)) {
+    }
     if (messages_.empty()) return std::nullopt;
     WsMessage m = std::move(messages_.front());
     messages_.pop_front();
     return m;
   }
-  std::optional<Status> WaitGone() {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, 10s, [&] { return gone_.has_value(); });
+  std::optional<Status> WaitGone() EXCLUDES(mu_) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    MutexLock lock(&mu_);
+    while (!gone_.has_value() && cv_.WaitUntil(&mu_, deadline)) {
+    }
     return gone_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<WsMessage> messages_;
-  std::optional<Status> gone_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<WsMessage> messages_ GUARDED_BY(mu_);
+  std::optional<Status> gone_ GUARDED_BY(mu_);
 };
 
 WsMessage Msg(const std::string& id) {
@@ -164,7 +167,7 @@ TEST(GatewayLinkTest, StartsSendsReceivesAndDeletes) {
   ASSERT_TRUE(link.ok()) << link.status().ToString();
   EXPECT_EQ((*link)->kernel_id(), "k1");
   {
-    std::lock_guard lock(g.mu_);
+    MutexLock lock(&g.mu_);
     EXPECT_EQ(g.posted_["name"], "nbos");
     EXPECT_EQ(g.posted_["env"]["KERNEL_GPUS"], "1");
   }
@@ -178,7 +181,7 @@ TEST(GatewayLinkTest, StartsSendsReceivesAndDeletes) {
   EXPECT_EQ(g.interrupts_.load(), 1);
   (*link)->Stop();
   EXPECT_TRUE((*link)->Delete(5s).ok());
-  std::lock_guard lock(g.mu_);
+  MutexLock lock(&g.mu_);
   EXPECT_TRUE(g.deleted_.count("k1"));
 }
 
@@ -201,7 +204,7 @@ TEST(GatewayLinkTest, ReconnectsAfterADropAndKeepsOrder) {
     ASSERT_TRUE(m.has_value()) << "message " << i;
     EXPECT_EQ(m->message.msg_id(), "m" + std::to_string(i));
   }
-  std::lock_guard lock(g.mu_);
+  MutexLock lock(&g.mu_);
   EXPECT_GE(g.opened_, 2);
 }
 

@@ -3,12 +3,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "jupyter/websocket_codec.h"
 
 namespace nbos::relay {
@@ -17,41 +16,42 @@ class Inbox {
  public:
   using Clock = std::chrono::steady_clock;
 
-  void Push(jupyter::WsMessage m) {
+  void Push(jupyter::WsMessage m) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       messages_.push_back(std::move(m));
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // Marks the kernel gone; the first reason is kept. Pop returns what is queued, then nullopt.
-  void Gone(const Status& why) {
+  void Gone(const Status& why) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (!gone_) gone_ = why;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // The next message before `deadline`; nullopt on timeout or once the kernel is gone (then
   // `gone()` says why).
-  std::optional<jupyter::WsMessage> Pop(Clock::time_point deadline) {
-    std::unique_lock lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return !messages_.empty() || gone_.has_value(); });
+  std::optional<jupyter::WsMessage> Pop(Clock::time_point deadline) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (messages_.empty() && !gone_.has_value() && cv_.WaitUntil(&mu_, deadline)) {
+    }
     if (messages_.empty()) return std::nullopt;
     jupyter::WsMessage m = std::move(messages_.front());
     messages_.pop_front();
     return m;
   }
-  std::optional<Status> gone() {
-    std::lock_guard lock(mu_);
+  std::optional<Status> gone() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return gone_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<jupyter::WsMessage> messages_;
-  std::optional<Status> gone_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<jupyter::WsMessage> messages_ GUARDED_BY(mu_);
+  std::optional<Status> gone_ GUARDED_BY(mu_);
 };
 
 }  // namespace nbos::relay

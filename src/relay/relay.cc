@@ -11,7 +11,6 @@
 #include <ctime>
 #include <deque>
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -20,6 +19,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "jupyter/message.h"
 #include "jupyter/wire.h"
 #include "relay/relay_router.h"
@@ -69,17 +69,18 @@ class Relay {
   };
   enum class End { kNone, kShutdown, kTerminate, kGone };
 
-  Status Bind();
-  void Post(Event e);
+  Status Bind() EXCLUDES(wake_mu_);
+  // From any thread: queues `e` for the serving thread and wakes it.
+  void Post(Event e) EXCLUDES(wake_mu_, events_mu_);
   void WatchSignals();
   std::optional<Message> Receive(zmq::socket_t& socket, const char* channel);
   End HandleClient(Socket socket, Message m);
-  End HandleEvents();
+  End HandleEvents() EXCLUDES(events_mu_);
   Status ConnectGateway();
   End Serve();
   void Deliver(Delivery d);
   zmq::socket_t& SocketFor(Socket s);
-  void Cleanup();
+  void Cleanup() EXCLUDES(wake_mu_);
 
   const RelayOptions& options_;
   jupyter::Signer signer_;
@@ -88,11 +89,12 @@ class Relay {
   RelayRouter router_;
 
   zmq::context_t ctx_;
-  zmq::socket_t shell_, control_, stdin_, iopub_, hb_, wake_rx_, wake_tx_;
-  std::mutex wake_mu_;  // wake_tx_ is used by the reader and signal threads
+  zmq::socket_t shell_, control_, stdin_, iopub_, hb_, wake_rx_;
+  Mutex wake_mu_;
+  zmq::socket_t wake_tx_ GUARDED_BY(wake_mu_);  // used by the reader and signal threads
 
-  std::mutex events_mu_;
-  std::deque<Event> events_;
+  Mutex events_mu_;
+  std::deque<Event> events_ GUARDED_BY(events_mu_);
 
   std::unique_ptr<GatewayLink> link_;
   std::atomic<bool> stopping_{false};
@@ -103,6 +105,7 @@ class Relay {
 
 Status Relay::Bind() {
   const auto& c = options_.connection;
+  MutexLock lock(&wake_mu_);  // for wake_tx_; no other thread runs yet
   try {
     shell_ = zmq::socket_t(ctx_, zmq::socket_type::router);
     control_ = zmq::socket_t(ctx_, zmq::socket_type::router);
@@ -131,10 +134,10 @@ Status Relay::Bind() {
 
 void Relay::Post(Event e) {
   {
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(&events_mu_);
     events_.push_back(std::move(e));
   }
-  std::lock_guard lock(wake_mu_);
+  MutexLock lock(&wake_mu_);
   if (stopping_) return;
   // A full pipe already means a pending wake-up.
   (void)wake_tx_.send(zmq::str_buffer("w"), zmq::send_flags::dontwait);
@@ -216,7 +219,7 @@ Relay::End Relay::HandleEvents() {
   }
   std::deque<Event> events;
   {
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(&events_mu_);
     events.swap(events_);
   }
   for (Event& e : events) {
@@ -345,7 +348,7 @@ Relay::End Relay::Serve() {
 
 void Relay::Cleanup() {
   {
-    std::lock_guard lock(wake_mu_);
+    MutexLock lock(&wake_mu_);
     stopping_ = true;
   }
   if (signal_thread_.joinable()) signal_thread_.join();

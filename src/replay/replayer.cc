@@ -3,12 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "common/ids.h"
+#include "common/thread_annotations.h"
 #include "http/client.h"
 #include "jupyter/message.h"
 #include "relay/inbox.h"
@@ -34,22 +33,22 @@ class ReplayClock {
   ReplayClock(std::atomic<bool>* stop, int64_t waiting_for) : stop_(stop), pending_(waiting_for) {}
 
   // A session open before the window is ready (or failed); the last one starts the clock.
-  void Arrive() {
-    std::lock_guard lock(mu_);
+  void Arrive() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (--pending_ <= 0 && !t0_) t0_ = Clock::now();
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // Blocks until the clock runs; false when the replay was stopped first.
-  bool WaitStarted() {
-    std::unique_lock lock(mu_);
+  bool WaitStarted() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     while (!t0_) {
       if (*stop_) return false;
-      cv_.wait_for(lock, kSlice);
+      cv_.WaitFor(&mu_, kSlice);
     }
     return !*stop_;
   }
   // Blocks until the clock reads `at_ms`; false when the replay was stopped.
-  bool SleepUntil(int64_t at_ms) {
+  bool SleepUntil(int64_t at_ms) EXCLUDES(mu_) {
     if (!WaitStarted()) return false;
     while (!*stop_) {
       const int64_t left_ms = at_ms - NowMs();
@@ -58,8 +57,8 @@ class ReplayClock {
     }
     return false;
   }
-  int64_t NowMs() {
-    std::lock_guard lock(mu_);
+  int64_t NowMs() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (!t0_) return 0;
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - *t0_).count();
   }
@@ -67,10 +66,10 @@ class ReplayClock {
 
  private:
   std::atomic<bool>* stop_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t pending_;
-  std::optional<Clock::time_point> t0_;
+  Mutex mu_;
+  CondVar cv_;
+  int64_t pending_ GUARDED_BY(mu_);
+  std::optional<Clock::time_point> t0_ GUARDED_BY(mu_);
 };
 
 http::Headers AuthHeaders(const relay::GatewayOptions& g) {

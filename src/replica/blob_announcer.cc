@@ -12,29 +12,29 @@ BlobAnnouncer::BlobAnnouncer(store::BlobStore* backing, ReplicaId self, size_t m
 
 BlobAnnouncer::~BlobAnnouncer() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     keys_.clear();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   worker_.join();
 }
 
 void BlobAnnouncer::Open(const std::string& exec_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   exec_id_ = exec_id;
   keys_.clear();
 }
 
 void BlobAnnouncer::Close() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   // No put comes while the caller waits here: the engine's thread puts and closes.
-  cv_.wait(lock, [this] { return keys_.empty() && !proposing_; });
+  while (!keys_.empty() || proposing_) cv_.Wait(&mu_);
   exec_id_.clear();
 }
 
 uint64_t BlobAnnouncer::keys_announced() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return keys_announced_;
 }
 
@@ -53,17 +53,17 @@ Status BlobAnnouncer::PutWithKey(std::string_view key, std::string_view data) {
 void BlobAnnouncer::Queue(std::string_view key, size_t size) {
   if (size < min_bytes_) return;  // small blobs are fetched faster than a hint commits
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (exec_id_.empty()) return;
     keys_.emplace_back(key);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void BlobAnnouncer::Work() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !keys_.empty(); });
+    while (!stopping_ && keys_.empty()) cv_.Wait(&mu_);
     if (stopping_) return;
     // Whatever was put while the last hint committed goes out as one entry.
     std::string keys;
@@ -73,16 +73,16 @@ void BlobAnnouncer::Work() {
     std::string entry = EncodeKernelEntry(
         {KernelEntry::Type::kBlobHint, exec_id_, self_, jupyter::Json::object(), std::move(keys)});
     proposing_ = true;
-    lock.unlock();
+    lock.Unlock();
     Status s = propose_(std::move(entry));
-    lock.lock();
+    lock.Lock();
     proposing_ = false;
     if (s.ok()) {
       keys_announced_ += count;
     } else {
       spdlog::debug("blob hint not committed: {}", s.ToString());
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

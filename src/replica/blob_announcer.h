@@ -9,13 +9,12 @@
 // they would without hints. All methods are thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "replica/kernel_log.h"
 #include "store/blob_store.h"
 
@@ -31,15 +30,15 @@ class BlobAnnouncer final : public store::BlobStore {
   ~BlobAnnouncer() override;  // drops queued keys and joins the thread
 
   // Announces the blobs put from now on as blobs of execution `exec_id`.
-  void Open(const std::string& exec_id);
+  void Open(const std::string& exec_id) EXCLUDES(mu_);
   // Proposes the keys still queued, then stops announcing. Returns once every key put since Open
   // was proposed (committed or failed), so that all hints of the execution are in the log before
   // whatever the caller proposes next (its delta): a hint behind the delta would have the
   // standbys fetch blobs that applying the delta already fetched.
-  void Close();
+  void Close() EXCLUDES(mu_);
 
   // Keys in the kBlobHint entries committed.
-  uint64_t keys_announced() const;
+  uint64_t keys_announced() const EXCLUDES(mu_);
 
   Result<std::string> Put(std::string_view data) override;
   Status PutWithKey(std::string_view key, std::string_view data) override;
@@ -52,20 +51,21 @@ class BlobAnnouncer final : public store::BlobStore {
   std::string Describe() const override { return backing_->Describe(); }
 
  private:
-  void Queue(std::string_view key, size_t size);
-  void Work();
+  void Queue(std::string_view key, size_t size) EXCLUDES(mu_);
+  // The thread: proposes queued keys, the lock let go of while `propose_` runs.
+  void Work() EXCLUDES(mu_);
 
   store::BlobStore* const backing_;
   const ReplicaId self_;
   const size_t min_bytes_;
   const Propose propose_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::string exec_id_;            // guarded by mu_; empty: closed
-  std::vector<std::string> keys_;  // guarded by mu_: put, not proposed yet
-  bool proposing_ = false;         // guarded by mu_
-  bool stopping_ = false;          // guarded by mu_
-  uint64_t keys_announced_ = 0;    // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::string exec_id_ GUARDED_BY(mu_);            // empty: closed
+  std::vector<std::string> keys_ GUARDED_BY(mu_);  // put, not proposed yet
+  bool proposing_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  uint64_t keys_announced_ GUARDED_BY(mu_) = 0;
   std::thread worker_;
 };
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
-#include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "store/dir_blob_store.h"
 #include "store/testing.h"
 
@@ -21,43 +21,45 @@ class Log {
  public:
   BlobAnnouncer::Propose Proposer() {
     return [this](std::string entry) {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return !held_; });
+      MutexLock lock(&mu_);
+      while (held_) cv_.Wait(&mu_);
       auto decoded = DecodeKernelEntry(entry);
       EXPECT_TRUE(decoded.ok());
       entries_.push_back(*decoded);
-      cv_.notify_all();
+      cv_.SignalAll();
       return fail_ ? Unavailable("no leader") : Status::Ok();
     };
   }
-  void Hold(bool held) {
+  void Hold(bool held) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       held_ = held;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  void Fail(bool fail) {
-    std::lock_guard lock(mu_);
+  void Fail(bool fail) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     fail_ = fail;
   }
-  std::vector<KernelEntry> Entries() {
-    std::lock_guard lock(mu_);
+  std::vector<KernelEntry> Entries() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return entries_;
   }
   // The entries proposed once there are `n` of them (or after a second).
-  std::vector<KernelEntry> WaitFor(size_t n) {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, 1s, [&] { return entries_.size() >= n; });
+  std::vector<KernelEntry> WaitFor(size_t n) EXCLUDES(mu_) {
+    const auto deadline = std::chrono::steady_clock::now() + 1s;
+    MutexLock lock(&mu_);
+    while (entries_.size() < n && cv_.WaitUntil(&mu_, deadline)) {
+    }
     return entries_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<KernelEntry> entries_;
-  bool held_ = false;
-  bool fail_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<KernelEntry> entries_ GUARDED_BY(mu_);
+  bool held_ GUARDED_BY(mu_) = false;
+  bool fail_ GUARDED_BY(mu_) = false;
 };
 
 // The keys of all hints in `entries`, in order.

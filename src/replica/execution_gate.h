@@ -19,15 +19,26 @@ class ExecutionGate {
     kExecute,  // this replica's LEAD committed first: run the cell
     kStandby,  // another replica executes: apply its effects, emit no output
     kNobody,   // every replica yielded: nobody can run the cell now
-    // The gateway cancelled the execution (its chosen executor was lost, or no majority is
-    // reachable) before this replica began it: this replica did not run it and holds the state
-    // of the last cell.
+    // The execution will not run anywhere: a CANCEL reached the kernel's log before any LEAD
+    // (or, on the executor, this replica was told to cancel before it began the cell, and only
+    // it could have run it). This replica holds the state of the last cell.
     kCancelled,
+    // This replica was told to stop waiting (the executor is gone) and the log has not decided
+    // yet whether the cell runs: whether it ran is not known; if it did, its effects reach every
+    // replica through the log.
+    kNotKnown,
+    // This replica, the one chosen to run the cell, could not get its election decided in time
+    // (no leader, no majority); it has not begun the cell and never will: the cell did not run.
+    // `refused` says why.
+    kNotRun,
   };
   struct Decision {
     Role role = Role::kNobody;
     std::string exec_id;
     uint64_t executor = 0;
+    // kExecute only: why this replica, elected, must not run the cell (its namespace is not the
+    // log's). The cell is answered with this error and Commit tells the other replicas.
+    Status refused;
   };
 
   virtual ~ExecutionGate() = default;
@@ -43,7 +54,8 @@ class ExecutionGate {
   // Before an execute_request: returns once the log has decided who executes it.
   virtual Result<Decision> Elect(const jupyter::Message& request) = 0;
   // On the executor, after the cell ran and before its reply: replicates the cell's effects and
-  // returns once they are committed and applied here.
+  // returns once they are committed and applied here. With `decision.refused`, the cell did not
+  // run and `reply_content` (its error) is what the other replicas answer.
   virtual Status Commit(const Decision& decision, const jupyter::Message& request,
                         const std::string& reply_content) = 0;
   // On a standby: waits until the executor's effects are applied here and returns the
@@ -53,13 +65,19 @@ class ExecutionGate {
   // is nothing to do; called whenever the replica is otherwise idle.
   virtual void Pump() = 0;
   // Gives up waiting on execution `exec_id` (its executor is gone, or the kernel lost its
-  // majority). An election still open here, or decided but not yet begun, ends kCancelled: this
-  // replica will not run the cell. Returns false when this replica already started running it
-  // (the cancel then changes nothing). `reason`, when known (the executor ran out of memory),
-  // is what a standby's error then says. Thread-safe.
-  virtual bool Cancel(const std::string& exec_id, const std::string& reason) = 0;
+  // majority): this replica will not begin the cell. Returns false when this replica already
+  // started running it (the cancel then changes nothing). With `decide_in_log`, the replica
+  // also proposes a CANCEL to the kernel's log, which decides for every replica whether the cell
+  // runs (KernelStateMachine); a standby answers kCancelled only once the log says so, and
+  // kNotKnown otherwise. `reason`, when known (the executor ran out of memory), is what a
+  // standby's error then says. Thread-safe; does not wait for the log.
+  virtual bool Cancel(const std::string& exec_id, const std::string& reason,
+                      bool decide_in_log) = 0;
   // Extra execute_reply metadata naming the executor and this replica's role.
   virtual jupyter::Json ReplyMetadata(const Decision& decision) = 0;
+  // What keeps this replica's namespace from being the state its log holds ("" when nothing):
+  // every execute_reply says so (metadata nbos.diverged), and the gateway replaces the replica.
+  virtual std::string Divergence() { return ""; }
   // Applies `change` to the kernel's replica group through its leader and returns once it is
   // committed (for kAdd: once the new replica is a voter, i.e. caught up). Thread-safe and
   // without the GIL: runs on the control thread, not the engine's. Errors: kInvalidArgument

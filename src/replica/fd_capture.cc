@@ -79,7 +79,7 @@ void FdCapture::ReadLoop() {
       return;
     }
     if (fds[2].revents != 0) return;
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (int i = 0; i < 2; ++i) {
       if (fds[i].revents != 0) ReadAvailable(i);
     }
@@ -89,7 +89,7 @@ void FdCapture::ReadLoop() {
 void FdCapture::Drain() {
   fflush(stdout);
   fflush(stderr);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ReadAvailable(0);
   ReadAvailable(1);
 }

@@ -4,12 +4,12 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace nbos::replica {
 
@@ -24,20 +24,20 @@ class FdCapture {
 
   int original_stderr_fd() const { return saved_fds_[1]; }
   // Delivers everything written to fds 1 and 2 before this call.
-  void Drain();
+  void Drain() EXCLUDES(mu_);
 
  private:
   FdCapture() = default;
-  void ReadLoop();
-  // Reads what is available on pipe i without blocking; requires mu_.
-  void ReadAvailable(int i);
+  void ReadLoop() EXCLUDES(mu_);
+  // Reads what is available on pipe i without blocking and hands complete text to the sink.
+  void ReadAvailable(int i) REQUIRES(mu_);
 
   Sink sink_;
   int pipes_[2] = {-1, -1};      // read ends for fd 1 and fd 2
   int saved_fds_[2] = {-1, -1};  // the original fd 1 and fd 2
   int wake_[2] = {-1, -1};
-  std::string pending_[2];  // incomplete UTF-8 tails
-  std::mutex mu_;
+  Mutex mu_;  // held while a pipe is read and its text handed to the sink
+  std::string pending_[2] GUARDED_BY(mu_);  // incomplete UTF-8 tails
   std::thread thread_;
 };
 

@@ -23,7 +23,7 @@ bool GetU32(std::string_view* in, uint32_t* v) {
   return true;
 }
 
-bool ValidType(uint8_t t) { return t >= 1 && t <= 7; }
+bool ValidType(uint8_t t) { return t >= 1 && t <= 8; }
 
 bool Contains(const std::vector<ReplicaId>& v, ReplicaId r) {
   return std::find(v.begin(), v.end(), r) != v.end();
@@ -150,6 +150,13 @@ void KernelStateMachine::Apply(std::string_view command) {
     case KernelEntry::Type::kYield:
       ApplyProposal(e);
       return;
+    case KernelEntry::Type::kCancel: {
+      Election& election = ElectionSlot(e.exec_id);
+      if (election.winner || election.failed) return;  // decided: the cancel comes too late
+      election.failed = election.cancelled = true;
+      if (listener_) listener_->OnCancelled(e.exec_id);
+      return;
+    }
     case KernelEntry::Type::kDelta:
       journal_.push_back({e.type, e.exec_id, e.payload});
       ++journal_total_;
@@ -165,6 +172,7 @@ void KernelStateMachine::Apply(std::string_view command) {
       return;
     case KernelEntry::Type::kDone:
       ++executions_done_;
+      if (e.exec_id == running_) running_.clear();
       if (listener_) listener_->OnDone(e.exec_id, e.replica, e.meta);
       return;
     case KernelEntry::Type::kCheckpoint: {
@@ -198,6 +206,7 @@ void KernelStateMachine::ApplyProposal(const KernelEntry& e) {
       return;
     }
     election.winner = e.replica;
+    Supersede(e.exec_id);
     if (listener_) listener_->OnElected(e.exec_id, e.replica);
   } else if (election.yields.size() >= replicas_) {
     election.failed = true;
@@ -205,10 +214,22 @@ void KernelStateMachine::ApplyProposal(const KernelEntry& e) {
   }
 }
 
+void KernelStateMachine::Supersede(const std::string& exec_id) {
+  if (!running_.empty() && running_ != exec_id) {
+    auto it = elections_.find(running_);
+    if (it != elections_.end()) {
+      it->second.superseded = true;
+      if (listener_) listener_->OnSuperseded(running_);
+    }
+  }
+  running_ = exec_id;
+}
+
 bool KernelStateMachine::FromLoser(const KernelEntry& e) const {
   auto it = elections_.find(e.exec_id);
   if (it == elections_.end()) return false;  // forgotten long ago, or an entry without election
-  return it->second.failed || (it->second.winner && *it->second.winner != e.replica);
+  const Election& el = it->second;
+  return el.failed || el.superseded || (el.winner && *el.winner != e.replica);
 }
 
 std::string KernelStateMachine::Snapshot() {
@@ -222,6 +243,8 @@ std::string KernelStateMachine::Snapshot() {
                              {"winner", el.winner ? Json(*el.winner) : Json()},
                              {"failed", el.failed},
                              {"overtaken", el.overtaken},
+                             {"cancelled", el.cancelled},
+                             {"superseded", el.superseded},
                              {"leads", el.leads},
                              {"yields", el.yields}});
   }
@@ -229,6 +252,7 @@ std::string KernelStateMachine::Snapshot() {
   parts.push_back({KernelEntry::Type::kCheckpoint, "", 0,
                    Json{{"elections", std::move(elections)},
                         {"executions_done", executions_done_},
+                        {"running", running_},
                         {"journal_total", journal_total_},
                         {"malformed_entries", malformed_entries_},
                         {"applied_ids", applied_id_order_},
@@ -266,6 +290,8 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
     if (!el.value("winner", Json()).is_null()) e.winner = el["winner"].get<ReplicaId>();
     e.failed = el.value("failed", false);
     e.overtaken = el.value("overtaken", false);
+    e.cancelled = el.value("cancelled", false);
+    e.superseded = el.value("superseded", false);
     e.leads = el.value("leads", std::vector<ReplicaId>{});
     e.yields = el.value("yields", std::vector<ReplicaId>{});
     std::string id = el.value("id", "");
@@ -292,6 +318,7 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
   applied_id_order_ = std::move(applied_order);
   duplicates_skipped_ = parts[0].meta.value("duplicates_skipped", uint64_t{0});
   executions_done_ = parts[0].meta.value("executions_done", uint64_t{0});
+  running_ = parts[0].meta.value("running", "");
   journal_total_ = parts[0].meta.value("journal_total", uint64_t{0});
   malformed_entries_ = parts[0].meta.value("malformed_entries", uint64_t{0});
   checkpoint_ = std::move(parts[0].payload);

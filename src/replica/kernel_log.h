@@ -40,6 +40,7 @@ struct KernelEntry {
     kSideEffect = 6,  // a statement every replica replays (%cd, os.environ...) (payload)
     kBlobHint = 7,    // blobs the executing cell has stored so far, its delta still to come
                       // (payload: keys, one per line); a hint, never part of the state
+    kCancel = 8,      // the execution is not to run: decides its election if no LEAD won first
   };
   Type type = Type::kLead;
   std::string exec_id;  // one attempt at one execution, named by the caller
@@ -72,7 +73,10 @@ class ProposalIds {
 };
 
 // Outcome of one execution's election, identical on every replica because it is derived from the
-// log order alone: the first committed LEAD wins; if every replica YIELDs first, it failed.
+// log order alone: the first committed LEAD wins; if every replica YIELDs first, it failed; a
+// CANCEL committed before any winning LEAD also fails it (`cancelled`), so that "the cell did not
+// run" is a decision every replica holds, not one replica's belief: a LEAD after it, and the
+// delta, side effects and Done that follow that LEAD, change nothing anywhere.
 //
 // A LEAD may carry meta.ran_on: the journal_total() of the namespace its replica already ran the
 // cell on (an optimistic executor, DESIGN.md §3 as amended by decision 0012). It wins only if the
@@ -83,6 +87,9 @@ struct Election {
   std::optional<ReplicaId> winner;
   bool failed = false;     // all replicas yielded, or an optimistic LEAD was overtaken
   bool overtaken = false;  // failed because an optimistic LEAD's namespace was out of date
+  bool cancelled = false;  // failed because a CANCEL committed before any LEAD won
+  // Won, but another execution's LEAD won before this one's Done: its effects are skipped.
+  bool superseded = false;
   std::vector<ReplicaId> leads;
   std::vector<ReplicaId> yields;
 };
@@ -96,7 +103,11 @@ struct JournalRecord {
 };
 
 // Deltas, side effects and Dones of an execution whose election this machine still remembers
-// count only if their replica won it: an overtaken optimistic executor's effects are skipped.
+// count only if their replica won it (an overtaken optimistic executor's effects are skipped)
+// and no other execution's LEAD won after it and before its Done: a winner runs the cell on the
+// state the log holds when its LEAD wins, so an earlier execution's effects committed after that
+// (its executor was cut off while the others went on) would overwrite the later cells' effects
+// with values computed before them.
 class KernelStateMachine final : public replication::StateMachine {
  public:
   // Called on the log's thread, in log order, with the decisions each entry caused.
@@ -105,6 +116,12 @@ class KernelStateMachine final : public replication::StateMachine {
     virtual ~Listener() = default;
     virtual void OnElected(const std::string& exec_id, ReplicaId winner) = 0;
     virtual void OnAllYielded(const std::string& exec_id) = 0;
+    // A CANCEL decided the election: nobody runs `exec_id`. A CANCEL after a LEAD won calls
+    // nothing (the cell runs, or ran, on the winner).
+    virtual void OnCancelled(const std::string& exec_id) = 0;
+    // Another execution's LEAD won while `exec_id`'s winner had not logged its Done: whatever
+    // of `exec_id` commits from now on is skipped everywhere.
+    virtual void OnSuperseded(const std::string& /*exec_id*/) {}
     virtual void OnDelta(const std::string& exec_id, ReplicaId executor,
                          const std::string& payload) = 0;
     virtual void OnSideEffect(const std::string& exec_id, const std::string& statement) = 0;
@@ -142,7 +159,8 @@ class KernelStateMachine final : public replication::StateMachine {
   uint64_t malformed_entries() const { return malformed_entries_; }
   // Entries skipped because their proposal id had already been applied.
   uint64_t duplicates_skipped() const { return duplicates_skipped_; }
-  // Deltas, side effects and Dones skipped because their replica did not win the election.
+  // Deltas, side effects and Dones skipped because their replica did not win the election or
+  // the execution was superseded.
   uint64_t losers_skipped() const { return losers_skipped_; }
   // The window of applied proposal ids, oldest first.
   const std::deque<std::string>& applied_ids() const { return applied_id_order_; }
@@ -160,6 +178,8 @@ class KernelStateMachine final : public replication::StateMachine {
   // Records `id` as applied; false if it already was (the entry must be skipped).
   bool FirstApplication(const std::string& id);
   void ApplyProposal(const KernelEntry& e);
+  // `exec_id`'s LEAD won: the execution that won before it and has no Done yet is superseded.
+  void Supersede(const std::string& exec_id);
   // Whether a delta, side effect or Done of `e.replica` for `e.exec_id` must be skipped.
   bool FromLoser(const KernelEntry& e) const;
 
@@ -167,6 +187,7 @@ class KernelStateMachine final : public replication::StateMachine {
   Listener* listener_;
   std::map<std::string, Election> elections_;
   std::deque<std::string> election_order_;
+  std::string running_;  // the last execution whose LEAD won and whose Done is not applied yet
   std::string checkpoint_;
   std::vector<JournalRecord> journal_;
   uint64_t journal_total_ = 0;  // records ever appended; journal_ holds the last ones

@@ -17,6 +17,8 @@ class Recorder final : public KernelStateMachine::Listener {
     events.push_back("elected " + id + " " + std::to_string(winner));
   }
   void OnAllYielded(const std::string& id) override { events.push_back("all-yielded " + id); }
+  void OnCancelled(const std::string& id) override { events.push_back("cancelled " + id); }
+  void OnSuperseded(const std::string& id) override { events.push_back("superseded " + id); }
   void OnDelta(const std::string& id, ReplicaId executor, const std::string& payload) override {
     events.push_back("delta " + id + " " + std::to_string(executor) + " " + payload);
   }
@@ -185,6 +187,84 @@ TEST(KernelStateMachineTest, OvertakenOptimisticLeadFailsAndItsEffectsAreSkipped
   // A malformed version number is as good as an out-of-date one.
   m.Apply(EncodeKernelEntry({KernelEntry::Type::kLead, "e3", 1, Json{{"ran_on", "1"}}, ""}));
   EXPECT_TRUE(m.ElectionFor("e3")->overtaken);
+}
+
+std::string Cancel(const std::string& id, ReplicaId r) {
+  return EncodeKernelEntry({KernelEntry::Type::kCancel, id, r, Json::object(), ""});
+}
+
+TEST(KernelStateMachineTest, ACancelBeforeAnyLeadDecidesThatTheCellDoesNotRun) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Cancel("e1", 2));
+  // The executor, cut off, learns of its own LEAD later, runs the cell and commits its effects:
+  // they change nothing anywhere.
+  m.Apply(Lead("e1", 1));
+  m.Apply(Delta("e1", 1, "x=1"));
+  m.Apply(Done("e1", 1));
+  m.Apply(Cancel("e1", 3));  // a second cancel changes nothing either
+  EXPECT_EQ(r.events, (std::vector<std::string>{"cancelled e1"}));
+  auto el = m.ElectionFor("e1");
+  EXPECT_TRUE(el->failed);
+  EXPECT_TRUE(el->cancelled);
+  EXPECT_FALSE(el->winner.has_value());
+  EXPECT_EQ(m.journal_total(), 0u);
+  EXPECT_EQ(m.losers_skipped(), 2u);
+  // A replica that catches up from a snapshot decides the same for what is still to come.
+  KernelStateMachine restored(3, nullptr);
+  ASSERT_TRUE(restored.Restore(m.Snapshot()).ok());
+  EXPECT_TRUE(restored.ElectionFor("e1")->cancelled);
+  restored.Apply(Delta("e1", 1, "x=1"));
+  EXPECT_EQ(restored.journal_total(), 0u);
+}
+
+TEST(KernelStateMachineTest, ACancelAfterTheLeadWonChangesNothing) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Lead("e1", 1));
+  m.Apply(Cancel("e1", 2));
+  m.Apply(Delta("e1", 1, "x=1"));
+  EXPECT_EQ(r.events, (std::vector<std::string>{"elected e1 1", "delta e1 1 x=1"}));
+  EXPECT_FALSE(m.ElectionFor("e1")->cancelled);
+  EXPECT_EQ(m.journal_total(), 1u);
+  // An optimistic LEAD that lands after a cancel loses like any other.
+  m.Apply(Cancel("e2", 3));
+  m.Apply(LeadRanOn("e2", 1, 1));
+  EXPECT_TRUE(m.ElectionFor("e2")->cancelled);
+  EXPECT_FALSE(m.ElectionFor("e2")->overtaken);
+}
+
+TEST(KernelStateMachineTest, EffectsOfAnExecutionCommittedAfterALaterWinnerAreSkipped) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  // Replica 1 won e1 and ran it, then was cut off; the others gave up on it and went on with e2
+  // and e3. Its effects for e1, retried once it was back, commit after theirs: they were computed
+  // on a namespace without e2's and e3's and would overwrite them.
+  m.Apply(Lead("e1", 1));
+  ApplyCell(m, "e2", 2, "L=[2]");
+  ApplyCell(m, "e3", 2, "L=[2,3]");
+  m.Apply(Delta("e1", 1, "L=[1]"));
+  m.Apply(Done("e1", 1));
+  EXPECT_EQ(r.events, (std::vector<std::string>{"elected e1 1", "superseded e1", "elected e2 2",
+                                                "delta e2 2 L=[2]", "done e2 2 {\"status\":\"ok\"}",
+                                                "elected e3 2", "delta e3 2 L=[2,3]",
+                                                "done e3 2 {\"status\":\"ok\"}"}));
+  EXPECT_TRUE(m.ElectionFor("e1")->superseded);
+  EXPECT_FALSE(m.ElectionFor("e2")->superseded);  // its Done came before e3's LEAD won
+  EXPECT_EQ(m.ElectionFor("e1")->winner, ReplicaId{1});
+  EXPECT_EQ(m.journal_total(), 2u);
+  EXPECT_EQ(m.losers_skipped(), 2u);
+  // A replica that catches up from a snapshot decides the same, also for an execution that
+  // was running when the snapshot was taken.
+  m.Apply(Lead("e4", 3));
+  KernelStateMachine restored(3, nullptr);
+  ASSERT_TRUE(restored.Restore(m.Snapshot()).ok());
+  EXPECT_TRUE(restored.ElectionFor("e1")->superseded);
+  restored.Apply(Delta("e1", 1, "L=[1]"));
+  restored.Apply(Lead("e5", 2));
+  restored.Apply(Delta("e4", 3, "L=[4]"));
+  EXPECT_TRUE(restored.ElectionFor("e4")->superseded);
+  EXPECT_EQ(restored.journal_total(), 2u);
 }
 
 TEST(KernelStateMachineTest, EffectsOfAReplicaThatDidNotWinAreSkipped) {

@@ -8,9 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <zmq.hpp>
@@ -18,6 +16,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "jupyter/message.h"
 #include "jupyter/wire.h"
 #include "replica/execution_gate.h"
@@ -70,17 +69,17 @@ class KernelServer final : public EngineHost {
 
   void WriteStream(std::string_view name, std::string_view text) override {
     streams_.Append(name, text);
-    if (streams_.buffered_bytes() >= kEagerFlushBytes) flush_cv_.notify_one();
+    if (streams_.buffered_bytes() >= kEagerFlushBytes) flush_cv_.Signal();
   }
 
-  void FlushStreams() override {
-    std::lock_guard lock(flush_mu_);
+  void FlushStreams() EXCLUDES(flush_mu_) override {
+    MutexLock lock(&flush_mu_);
     FlushStreamsLocked();
   }
 
   void Publish(std::string_view msg_type, std::string content_json, std::string metadata_json,
-               std::vector<std::string> buffers) override {
-    std::lock_guard lock(flush_mu_);
+               std::vector<std::string> buffers) EXCLUDES(flush_mu_) override {
+    MutexLock lock(&flush_mu_);
     FlushStreamsLocked();
     Message m = NewMessage(msg_type, Json::object(), CurrentParent());
     m.metadata = Json::parse(metadata_json, nullptr, false);
@@ -106,6 +105,11 @@ class KernelServer final : public EngineHost {
   void AbortQueuedExecutions(std::vector<Message> queued);
   std::string RunInEngine(const Message& request, bool is_execute);
   std::string ExecuteReplicated(const Message& request, Json* metadata);
+  // The cell as `decision` has it: run, followed, or answered with why it cannot run here.
+  std::string ServeDecision(const ExecutionGate::Decision& decision, const Message& request,
+                            Json* timings);
+  std::string ExecuteElected(const ExecutionGate::Decision& decision, const Message& request,
+                             Json* timings);
   void Interrupt(bool whole_group);
   void RequestStop();
 
@@ -118,13 +122,13 @@ class KernelServer final : public EngineHost {
   void SendIopub(Message m, std::optional<std::string> content_json = std::nullopt);
   void PublishStatus(const char* state, const Json& parent);
   void ReplyUnknownRequest(zmq::socket_t& socket, const Message& request, const char* channel);
-  void FlushStreamsLocked();
-  std::string KernelInfo() {
-    std::lock_guard lock(info_mu_);
+  void FlushStreamsLocked() REQUIRES(flush_mu_);
+  std::string KernelInfo() EXCLUDES(info_mu_) {
+    MutexLock lock(&info_mu_);
     return kernel_info_;
   }
-  Json CurrentParent() {
-    std::lock_guard lock(parent_mu_);
+  Json CurrentParent() EXCLUDES(parent_mu_) {
+    MutexLock lock(&parent_mu_);
     return parent_header_;
   }
 
@@ -132,18 +136,20 @@ class KernelServer final : public EngineHost {
   std::unique_ptr<ExecutionGate> gate_;  // from options_.start_gate; null for `nbos kernel`
   jupyter::Signer signer_;
   jupyter::DecodeLimits limits_;
-  std::mutex factory_mu_;
+  Mutex factory_mu_;  // held for factory_.Make (session() is fixed, read without it)
   jupyter::MessageFactory factory_;
 
   zmq::context_t ctx_;
   zmq::socket_t shell_, control_, stdin_, iopub_, hb_, wake_rx_, wake_tx_;
-  std::mutex iopub_mu_;
-  std::mutex wake_mu_;
+  // Order sends on iopub_ and wake_tx_ between threads. The sockets are not GUARDED_BY them:
+  // Bind makes them before the threads start, and TearDown closes iopub_ once they are joined.
+  Mutex iopub_mu_;
+  Mutex wake_mu_;
 
   StreamBuffer streams_;
-  std::mutex flush_mu_;  // orders stream flushes against other iopub messages
-  std::condition_variable_any flush_cv_;
-  std::mutex flush_wait_mu_;
+  Mutex flush_mu_;       // orders stream flushes against other iopub messages
+  CondVar flush_cv_;     // wakes FlushLoop: output to flush at once, or stopping
+  Mutex flush_wait_mu_;  // FlushLoop's, for flush_cv_
 
   // The last execute_request this kernel served, for a gateway that restarted while it ran and
   // lost its reply: nbos_execution_request on control answers with it (AnswerLastExecution).
@@ -154,15 +160,16 @@ class KernelServer final : public EngineHost {
     Json metadata;
     std::chrono::steady_clock::time_point done_at;
   };
-  std::mutex last_execution_mu_;
-  std::optional<LastExecution> last_execution_;
-  void NoteExecutionStarted(const Json& header);
-  void NoteExecutionDone(const std::string& content, const Json& metadata);
-  std::string AnswerLastExecution();
+  Mutex last_execution_mu_;
+  std::optional<LastExecution> last_execution_ GUARDED_BY(last_execution_mu_);
+  void NoteExecutionStarted(const Json& header) EXCLUDES(last_execution_mu_);
+  void NoteExecutionDone(const std::string& content, const Json& metadata)
+      EXCLUDES(last_execution_mu_);
+  std::string AnswerLastExecution() EXCLUDES(last_execution_mu_);
 
-  std::mutex parent_mu_;
-  Json parent_header_ = Json::object();
-  std::vector<std::string> shell_identities_;
+  Mutex parent_mu_;
+  Json parent_header_ GUARDED_BY(parent_mu_) = Json::object();
+  std::vector<std::string> shell_identities_ GUARDED_BY(parent_mu_);
 
   std::atomic<bool> stopping_{false};
   std::atomic<bool> executing_{false};
@@ -171,8 +178,8 @@ class KernelServer final : public EngineHost {
   pthread_t main_thread_;
   pid_t parent_pid_ = 0;
 
-  std::mutex info_mu_;
-  std::string kernel_info_;  // empty until the engine has started
+  Mutex info_mu_;
+  std::string kernel_info_ GUARDED_BY(info_mu_);  // empty until the engine has started
   std::unique_ptr<FdCapture> capture_;
   std::unique_ptr<PythonEngine> engine_;
   std::thread control_thread_, hb_thread_, flush_thread_;
@@ -231,7 +238,7 @@ int KernelServer::Run() {
     engine_ = std::move(*engine);
     if (gate_ != nullptr) gate_->Attach(engine_.get());
     {
-      std::lock_guard lock(info_mu_);
+      MutexLock lock(&info_mu_);
       kernel_info_ = engine_->kernel_info_json();
     }
     ServeShell();
@@ -249,7 +256,7 @@ void KernelServer::TearDown() {
   stopping_ = true;
   capture_->Drain();
   FlushStreams();
-  flush_cv_.notify_all();
+  flush_cv_.SignalAll();
   flush_thread_.join();
   for (zmq::socket_t* s : {&shell_, &stdin_, &wake_rx_}) {
     s->set(zmq::sockopt::linger, 0);
@@ -261,7 +268,7 @@ void KernelServer::TearDown() {
   iopub_.close();
   control_.close();
   {
-    std::lock_guard lock(wake_mu_);
+    MutexLock lock(&wake_mu_);
     wake_tx_.close();
   }
   ctx_.close();
@@ -303,7 +310,7 @@ Status KernelServer::Bind() {
 }
 
 Message KernelServer::NewMessage(std::string_view msg_type, Json content, const Json& parent) {
-  std::lock_guard lock(factory_mu_);
+  MutexLock lock(&factory_mu_);
   return factory_.Make(msg_type, std::move(content), parent);
 }
 
@@ -321,7 +328,7 @@ void KernelServer::SendIopub(Message m, std::optional<std::string> content_json)
   auto frames = content_json
                     ? jupyter::EncodeFramesWithContent(m, std::move(*content_json), signer_)
                     : jupyter::EncodeFrames(m, signer_);
-  std::lock_guard lock(iopub_mu_);
+  MutexLock lock(&iopub_mu_);
   SendFrames(iopub_, std::move(frames));
 }
 
@@ -415,7 +422,7 @@ void KernelServer::HandleShell(Message request) {
   }
   FlushStreams();  // output of background threads belongs to the previous request
   {
-    std::lock_guard lock(parent_mu_);
+    MutexLock lock(&parent_mu_);
     parent_header_ = request.header;
     shell_identities_ = request.identities;
   }
@@ -475,54 +482,95 @@ std::string KernelServer::RunInEngine(const Message& request, bool is_execute) {
   return ErrorContent(text.substr(0, text.find(':')), text);
 }
 
+namespace {
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
 std::string KernelServer::ExecuteReplicated(const Message& request, Json* metadata) {
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
-  ExecutionGate* gate = gate_.get();
-  const auto received = Clock::now();
-  auto decision = gate->Elect(request);
-  if (!decision.ok()) return ErrorContent("ReplicationError", decision.status().message());
-  *metadata = gate->ReplyMetadata(*decision);
+  const auto received = std::chrono::steady_clock::now();
+  auto decision = gate_->Elect(request);
+  if (!decision.ok()) {
+    return ErrorContent("ExecutorLost",
+                        "this replica could not learn in time which replica runs "
+                        "the cell (" +
+                            std::string(decision.status().message()) +
+                            "): whether the cell ran is not known");
+  }
+  *metadata = gate_->ReplyMetadata(*decision);
   // Per-hop durations, for benchmarks and operators: election, the cell itself, replication.
   Json& timings = (*metadata)["nbos"]["timings_ms"];
-  timings["elect"] = ms_since(received);
-  switch (decision->role) {
+  timings["elect"] = MsSince(received);
+  std::string content = ServeDecision(*decision, request, &timings);
+  // Known only now: a standby that could not apply this cell's effects says so in its reply.
+  if (std::string why = gate_->Divergence(); !why.empty()) (*metadata)["nbos"]["diverged"] = why;
+  return content;
+}
+
+std::string KernelServer::ServeDecision(const ExecutionGate::Decision& decision,
+                                        const Message& request, Json* timings) {
+  switch (decision.role) {
     case ExecutionGate::Role::kNobody:
       return ErrorContent("NoReplicaCanExecute", "every replica of this kernel yielded execution " +
-                                                     decision->exec_id +
+                                                     decision.exec_id +
                                                      ": none can run the cell now");
     case ExecutionGate::Role::kCancelled:
       return ErrorContent(
+          "CellCancelled",
+          "the replica chosen to run this cell was lost before it began it, and the kernel's log "
+          "cancelled the cell: the cell did not run on any replica, which keep the state of the "
+          "last completed cell. nbos is replacing the lost replica: run the cell again");
+    case ExecutionGate::Role::kNotRun:
+      return ErrorContent(
+          "ReplicasUnavailable",
+          "this replica, chosen to run the cell, could not get it elected in time (" +
+              std::string(decision.refused.message()) +
+              "); it did not begin the cell and will not: the cell did not run. Run it again in "
+              "a moment");
+    case ExecutionGate::Role::kNotKnown:
+      return ErrorContent(
           "ExecutorLost",
-          "the replica chosen to run this cell was lost before it started it here; the cell did "
-          "not run on this replica, which keeps the state of the last completed cell. nbos is "
-          "replacing the lost replica: run the cell again");
+          "the replica chosen to run this cell was lost, and the kernel's log has not decided "
+          "yet whether the cell runs: whether it ran is not known. If it did, its effects reach "
+          "every replica through the log. Look at the kernel's state before running it again");
     case ExecutionGate::Role::kStandby: {
       // Another replica runs the cell; this one emits no output and answers once the
       // executor's effects are applied here.
-      const auto following = Clock::now();
-      auto reply = gate->Follow(*decision);
-      timings["follow"] = ms_since(following);
+      const auto following = std::chrono::steady_clock::now();
+      auto reply = gate_->Follow(decision);
+      (*timings)["follow"] = MsSince(following);
       return reply.ok() ? *reply : ErrorContent("ExecutorLost", reply.status().message());
     }
-    case ExecutionGate::Role::kExecute: {
-      const auto running = Clock::now();
-      std::string content = RunInEngine(request, true);
-      timings["run"] = ms_since(running);
-      // A reply means the cell's effects are replicated (DESIGN.md §3, step 5).
-      const auto committing = Clock::now();
-      Status committed = gate->Commit(*decision, request, content);
-      timings["commit"] = ms_since(committing);
-      if (Status s = committed; !s.ok()) {
-        return ErrorContent("ReplicationError",
-                            "the cell ran but its effects could not be replicated: " + s.message());
-      }
-      return content;
-    }
+    case ExecutionGate::Role::kExecute:
+      return ExecuteElected(decision, request, timings);
   }
   return ErrorContent("ReplicationError", "unknown election outcome");
+}
+
+std::string KernelServer::ExecuteElected(const ExecutionGate::Decision& decision,
+                                         const Message& request, Json* timings) {
+  if (!decision.refused.ok()) {
+    std::string content = ErrorContent("ReplicaOutOfSync", decision.refused.message());
+    if (Status s = gate_->Commit(decision, request, content); !s.ok()) {
+      spdlog::warn("the other replicas were not told that execution {} did not run: {}",
+                   decision.exec_id, s.ToString());
+    }
+    return content;
+  }
+  const auto running = std::chrono::steady_clock::now();
+  std::string content = RunInEngine(request, true);
+  (*timings)["run"] = MsSince(running);
+  // A reply means the cell's effects are replicated (DESIGN.md §3, step 5).
+  const auto committing = std::chrono::steady_clock::now();
+  Status committed = gate_->Commit(decision, request, content);
+  (*timings)["commit"] = MsSince(committing);
+  if (!committed.ok()) {
+    return ErrorContent(
+        "ReplicationError",
+        "the cell ran but its effects could not be replicated: " + committed.message());
+  }
+  return content;
 }
 
 std::vector<Message> KernelServer::TakeQueuedRequests() {
@@ -559,7 +607,7 @@ Result<std::string> KernelServer::RequestInput(std::string_view prompt, bool pas
   FlushStreams();
   Message request;
   {
-    std::lock_guard lock(parent_mu_);
+    MutexLock lock(&parent_mu_);
     request = NewMessage("input_request", Json{{"prompt", prompt}, {"password", password}},
                          parent_header_);
     request.identities = shell_identities_;
@@ -618,8 +666,12 @@ void KernelServer::HandleControl(Message request) {
         request.content.is_object() ? request.content.value("exec_id", Json()) : Json();
     const Json reason =
         request.content.is_object() ? request.content.value("reason", Json()) : Json();
-    const bool cancelled = gate_->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
-                                         reason.is_string() ? reason.get<std::string>() : "");
+    const Json decide_field =
+        request.content.is_object() ? request.content.value("decide", Json()) : Json();
+    const bool decide = decide_field.is_boolean() && decide_field.get<bool>();
+    const bool cancelled =
+        gate_->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
+                      reason.is_string() ? reason.get<std::string>() : "", decide);
     SendReply(socket, request, Dump(Json{{"status", "ok"}, {"cancelled", cancelled}}));
   } else if (type == "nbos_checkpoint_request") {
     // Suspending an idle kernel: its replicated state goes to the blob store.
@@ -671,12 +723,12 @@ void KernelServer::HandleControl(Message request) {
 }
 
 void KernelServer::NoteExecutionStarted(const Json& header) {
-  std::lock_guard lock(last_execution_mu_);
+  MutexLock lock(&last_execution_mu_);
   last_execution_ = LastExecution{header, false, "", Json::object(), {}};
 }
 
 void KernelServer::NoteExecutionDone(const std::string& content, const Json& metadata) {
-  std::lock_guard lock(last_execution_mu_);
+  MutexLock lock(&last_execution_mu_);
   if (!last_execution_) return;
   last_execution_->done = true;
   last_execution_->content = content;
@@ -687,7 +739,7 @@ void KernelServer::NoteExecutionDone(const std::string& content, const Json& met
 // {"status": "ok", "execution": null | {"header", "state": "running" | "done", and when done
 // "content", "metadata", "done_ms_ago"}}.
 std::string KernelServer::AnswerLastExecution() {
-  std::lock_guard lock(last_execution_mu_);
+  MutexLock lock(&last_execution_mu_);
   Json execution = nullptr;
   if (last_execution_) {
     const LastExecution& e = *last_execution_;
@@ -716,13 +768,13 @@ void KernelServer::Interrupt(bool whole_group) {
 void KernelServer::RequestStop() {
   if (stopping_.exchange(true)) return;
   if (executing_) Interrupt(/*whole_group=*/false);
-  std::lock_guard lock(wake_mu_);
+  MutexLock lock(&wake_mu_);
   try {
     wake_tx_.send(zmq::str_buffer("stop"), zmq::send_flags::dontwait);
   } catch (const zmq::error_t&) {
     // The main loop is already gone.
   }
-  flush_cv_.notify_all();
+  flush_cv_.SignalAll();
 }
 
 void KernelServer::ServeHeartbeat() {
@@ -737,11 +789,12 @@ void KernelServer::ServeHeartbeat() {
 
 void KernelServer::FlushLoop() {
   const auto interval = std::chrono::milliseconds(options_.stream_flush_interval_ms);
-  std::unique_lock lock(flush_wait_mu_);
+  MutexLock lock(&flush_wait_mu_);
   while (!stopping_) {
-    flush_cv_.wait_for(lock, interval, [this] {
-      return stopping_.load() || streams_.buffered_bytes() >= kEagerFlushBytes;
-    });
+    const auto deadline = std::chrono::steady_clock::now() + interval;
+    while (!stopping_.load() && streams_.buffered_bytes() < kEagerFlushBytes &&
+           flush_cv_.WaitUntil(&flush_wait_mu_, deadline)) {
+    }
     if (streams_.buffered_bytes() > 0) FlushStreams();
     if (parent_pid_ > 0 && kill(parent_pid_, 0) != 0 && errno == ESRCH) {
       spdlog::warn("parent process {} is gone; shutting down", parent_pid_);

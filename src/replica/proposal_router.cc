@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <future>
 #include <map>
-#include <mutex>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/thread_annotations.h"
 #include "replica/membership.h"
 
 namespace nbos::replica {
@@ -100,13 +100,13 @@ struct ProposalRouter::Impl {
   replication::RaftNode* node = nullptr;
   std::string self_address;
   ProposalRouterOptions options;
-  uint64_t drops_left = 0;  // guarded by client_mu
   zmq::context_t ctx{1};
   zmq::socket_t server;
   std::thread serve_thread;
-  std::mutex client_mu;                          // serialises Propose
-  std::map<std::string, zmq::socket_t> clients;  // by peer endpoint
-  uint64_t next_seq = 0;
+  Mutex client_mu;  // serialises Propose
+  uint64_t drops_left GUARDED_BY(client_mu) = 0;
+  std::map<std::string, zmq::socket_t> clients GUARDED_BY(client_mu);  // by peer endpoint
+  uint64_t next_seq GUARDED_BY(client_mu) = 0;
   std::atomic<uint64_t>* served = nullptr;
 
   // Membership changes. Those served for other members run on a worker, one at a time, so the
@@ -115,10 +115,10 @@ struct ProposalRouter::Impl {
   std::thread change_thread;
   std::atomic<bool> change_busy{false};
   std::atomic<bool> stopping{false};
-  std::mutex change_mu;         // serialises the changes this member makes as leader
-  std::mutex change_client_mu;  // serialises AddMember/RemoveMember; guards change_clients
-  std::map<std::string, zmq::socket_t> change_clients;
-  uint64_t next_change_seq = 0;
+  Mutex change_mu;         // serialises the changes this member makes as leader
+  Mutex change_client_mu;  // serialises AddMember/RemoveMember
+  std::map<std::string, zmq::socket_t> change_clients GUARDED_BY(change_client_mu);
+  uint64_t next_change_seq GUARDED_BY(change_client_mu) = 0;
 
   void Serve() {
     for (;;) {
@@ -212,7 +212,7 @@ struct ProposalRouter::Impl {
           const auto deadline = std::chrono::steady_clock::now() + kServeChangeTimeout;
           Status s;
           {
-            std::lock_guard lock(change_mu);
+            MutexLock lock(&change_mu);
             s = op == "add" ? AddLocally(member, deadline) : RemoveLocally(member.id, deadline);
           }
           try {
@@ -325,8 +325,8 @@ struct ProposalRouter::Impl {
   Status ChangeThroughLeader(
       const std::vector<std::string>& request,
       const std::function<Status(std::chrono::steady_clock::time_point)>& local,
-      std::chrono::milliseconds timeout) {
-    std::lock_guard client_lock(change_client_mu);
+      std::chrono::milliseconds timeout) EXCLUDES(change_client_mu, change_mu) {
+    MutexLock client_lock(&change_client_mu);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     Status last = Unavailable("no leader");
     // Retries come quickly at first: a leader that hands leadership over before its own removal
@@ -345,7 +345,7 @@ struct ProposalRouter::Impl {
       if (leader.address == self_address) {
         Status s;
         {
-          std::lock_guard lock(change_mu);
+          MutexLock lock(&change_mu);
           s = local(deadline);
         }
         if (s.code() != StatusCode::kUnavailable) return s;
@@ -406,7 +406,7 @@ struct ProposalRouter::Impl {
     return future.get();
   }
 
-  zmq::socket_t& ClientFor(const std::string& endpoint) {
+  zmq::socket_t& ClientFor(const std::string& endpoint) REQUIRES(client_mu) {
     auto it = clients.find(endpoint);
     if (it == clients.end()) {
       zmq::socket_t s(ctx, zmq::socket_type::dealer);
@@ -434,7 +434,10 @@ Result<std::unique_ptr<ProposalRouter>> ProposalRouter::Start(replication::RaftN
   impl->node = node;
   impl->self_address = raft_address;
   impl->options = options;
-  impl->drops_left = options.drop_forwarded_answers;
+  {
+    MutexLock lock(&impl->client_mu);  // no other thread yet
+    impl->drops_left = options.drop_forwarded_answers;
+  }
   try {
     impl->server = zmq::socket_t(impl->ctx, zmq::socket_type::router);
     impl->server.set(zmq::sockopt::linger, 0);
@@ -458,9 +461,9 @@ ProposalRouter::~ProposalRouter() {
   if (impl_->change_thread.joinable()) impl_->change_thread.join();
   impl_->server.close();
   impl_->results.close();
-  std::lock_guard lock(impl_->client_mu);
+  MutexLock lock(&impl_->client_mu);
   impl_->clients.clear();
-  std::lock_guard change_lock(impl_->change_client_mu);
+  MutexLock change_lock(&impl_->change_client_mu);
   impl_->change_clients.clear();
   impl_->ctx.close();
 }
@@ -473,7 +476,7 @@ Result<uint64_t> ProposalRouter::Propose(std::string command, std::chrono::milli
 
 Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
                                             std::chrono::milliseconds timeout) {
-  std::lock_guard lock(impl_->client_mu);
+  MutexLock lock(&impl_->client_mu);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status last = Unavailable("no leader");
   // Every attempt sends the same bytes: a command that carries an id keeps it on every retry.
@@ -544,7 +547,7 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
 
 Status ProposalRouter::RequestLeadership(replication::ServerId self,
                                          std::chrono::milliseconds timeout) {
-  std::lock_guard lock(impl_->client_mu);
+  MutexLock lock(&impl_->client_mu);
   replication::Member leader = impl_->node->Leader();
   if (leader.id == self) return Status::Ok();
   if (leader.id == 0) return Unavailable("no leader to hand over leadership");

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "replica/kernel_log.h"
 #include "replication/fixture_cluster.h"
 #include "replication/test_machine.h"
@@ -208,59 +208,66 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
 // state machine made of it (what a replica's engine would act on). Readable from the test.
 class KernelReplica final : public replication::StateMachine, private KernelStateMachine::Listener {
  public:
-  void Apply(std::string_view command) override {
-    std::lock_guard lock(mu_);
+  void Apply(std::string_view command) EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     ++committed_[std::string(command)];
     machine_.Apply(command);
   }
-  std::string Snapshot() override {
-    std::lock_guard lock(mu_);
+  std::string Snapshot() EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     return machine_.Snapshot();
   }
-  Status Restore(std::string_view snapshot) override {
-    std::lock_guard lock(mu_);
+  Status Restore(std::string_view snapshot) EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     return machine_.Restore(snapshot);
   }
-  int Committed(const std::string& command) {
-    std::lock_guard lock(mu_);
+  int Committed(const std::string& command) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = committed_.find(command);
     return it == committed_.end() ? 0 : it->second;
   }
-  std::vector<std::string> Events() {
-    std::lock_guard lock(mu_);
+  std::vector<std::string> Events() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return events_;
   }
-  uint64_t DuplicatesSkipped() {
-    std::lock_guard lock(mu_);
+  uint64_t DuplicatesSkipped() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return machine_.duplicates_skipped();
   }
 
  private:
   // Listener, called from machine_.Apply with mu_ held.
-  void OnElected(const std::string& id, ReplicaId winner) override {
+  void OnElected(const std::string& id, ReplicaId winner) REQUIRES(mu_) override {
     events_.push_back("elected " + id + " " + std::to_string(winner));
   }
-  void OnAllYielded(const std::string& id) override { events_.push_back("all-yielded " + id); }
-  void OnDelta(const std::string& id, ReplicaId, const std::string& payload) override {
+  void OnAllYielded(const std::string& id) REQUIRES(mu_) override {
+    events_.push_back("all-yielded " + id);
+  }
+  void OnCancelled(const std::string& id) REQUIRES(mu_) override {
+    events_.push_back("cancelled " + id);
+  }
+  void OnDelta(const std::string& id, ReplicaId, const std::string& payload)
+      REQUIRES(mu_) override {
     events_.push_back("delta " + id + " " + payload);
   }
-  void OnSideEffect(const std::string& id, const std::string& statement) override {
+  void OnSideEffect(const std::string& id, const std::string& statement) REQUIRES(mu_) override {
     events_.push_back("side-effect " + id + " " + statement);
   }
-  void OnDone(const std::string& id, ReplicaId, const jupyter::Json&) override {
+  void OnDone(const std::string& id, ReplicaId, const jupyter::Json&) REQUIRES(mu_) override {
     events_.push_back("done " + id);
   }
-  void OnCheckpoint(uint64_t covers) override {
+  void OnCheckpoint(uint64_t covers) REQUIRES(mu_) override {
     events_.push_back("checkpoint " + std::to_string(covers));
   }
-  void OnRestored(const std::string&, const std::vector<JournalRecord>&, uint64_t) override {
+  void OnRestored(const std::string&, const std::vector<JournalRecord>&, uint64_t)
+      REQUIRES(mu_) override {
     events_.push_back("restored");
   }
 
-  std::mutex mu_;
-  KernelStateMachine machine_{3, this};
-  std::map<std::string, int> committed_;
-  std::vector<std::string> events_;
+  Mutex mu_;
+  KernelStateMachine machine_ GUARDED_BY(mu_){3, this};
+  std::map<std::string, int> committed_ GUARDED_BY(mu_);
+  std::vector<std::string> events_ GUARDED_BY(mu_);
 };
 
 // A follower forwards a cell's delta, side effect and Done; the leader commits them but its answer

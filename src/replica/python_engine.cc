@@ -6,7 +6,13 @@
 
 #include "common/check.h"
 #include "replica/nbos_engine_source.h"
+#include "replica/nbos_state_codec_source.h"
+#include "replica/nbos_state_modules_source.h"
+#include "replica/nbos_state_pickle_source.h"
+#include "replica/nbos_state_process_source.h"
+#include "replica/nbos_state_scan_source.h"
 #include "replica/nbos_state_source.h"
+#include "replica/nbos_state_wire_source.h"
 #include "store/blob_store.h"
 
 namespace py = pybind11;
@@ -43,6 +49,21 @@ py::module_ LoadModule(const char* name, const char* source) {
   py::module_::import("builtins").attr("exec")(code, module.attr("__dict__"));
   return module;
 }
+
+// The namespace-state modules (python/nbos_state*.py), each after those it imports.
+struct EmbeddedModule {
+  const char* name;
+  const char* source;
+};
+constexpr EmbeddedModule kStateModules[] = {
+    {"nbos_state_wire", kNbosStateWireSource},
+    {"nbos_state_codec", kNbosStateCodecSource},
+    {"nbos_state_scan", kNbosStateScanSource},
+    {"nbos_state_process", kNbosStateProcessSource},
+    {"nbos_state_pickle", kNbosStatePickleSource},
+    {"nbos_state_modules", kNbosStateModulesSource},
+    {"nbos_state", kNbosStateSource},
+};
 
 struct OwnedBlob {
   std::unique_ptr<store::BlobBuffer> buffer;
@@ -161,7 +182,7 @@ Status PythonEngine::Preload(const std::vector<std::string>& modules) {
   // environment.
   try {
     Precompiled()["nbos_engine"] = Compile("nbos_engine", kNbosEngineSource);
-    Precompiled()["nbos_state"] = Compile("nbos_state", kNbosStateSource);
+    for (const EmbeddedModule& m : kStateModules) Precompiled()[m.name] = Compile(m.name, m.source);
   } catch (py::error_already_set& e) {
     return Internal("compiling the engine failed: " + PythonErrorText(e));
   }
@@ -268,7 +289,7 @@ Status CallPython(const char* what, F&& f) {
 
 Status PythonEngine::EnableReplication(store::BlobStore* store, uint64_t replica_id) {
   return CallPython("enable replication", [&] {
-    LoadModule("nbos_state", kNbosStateSource);
+    for (const EmbeddedModule& m : kStateModules) LoadModule(m.name, m.source);
     impl_->engine.attr("enable_replication")(py::cast(store, py::return_value_policy::reference),
                                              replica_id);
   });
@@ -282,8 +303,13 @@ Result<std::string> PythonEngine::TakeDelta() {
   return delta;
 }
 
-Status PythonEngine::ApplyDelta(const std::string& delta) {
-  return CallPython("apply delta", [&] { impl_->engine.attr("apply_delta")(py::bytes(delta)); });
+Result<std::string> PythonEngine::ApplyDelta(const std::string& delta) {
+  std::string divergence;
+  Status s = CallPython("apply delta", [&] {
+    divergence = impl_->engine.attr("apply_delta")(py::bytes(delta)).cast<std::string>();
+  });
+  if (!s.ok()) return s;
+  return divergence;
 }
 
 Result<std::string> PythonEngine::TakeSideEffects() {
@@ -313,15 +339,18 @@ Result<std::string> PythonEngine::Checkpoint() {
   return data;
 }
 
-Status PythonEngine::Restore(const std::string& checkpoint,
-                             const std::vector<std::pair<bool, std::string>>& records) {
-  return CallPython("restore", [&] {
+Result<std::string> PythonEngine::Restore(
+    const std::string& checkpoint, const std::vector<std::pair<bool, std::string>>& records) {
+  std::string divergence;
+  Status s = CallPython("restore", [&] {
     py::list list;
     for (const auto& [is_delta, payload] : records) {
       list.append(py::make_tuple(is_delta ? "delta" : "side_effect", py::bytes(payload)));
     }
-    impl_->engine.attr("restore")(py::bytes(checkpoint), list);
+    divergence = impl_->engine.attr("restore")(py::bytes(checkpoint), list).cast<std::string>();
   });
+  if (!s.ok()) return s;
+  return divergence;
 }
 
 bool PythonEngine::RaiseIfSignalled() { return PyErr_CheckSignals() != 0; }

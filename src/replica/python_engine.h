@@ -72,19 +72,22 @@ class PythonEngine {
   // The delta of the last executed cell (empty if none); names that could not be replicated were
   // reported on the cell's stderr.
   Result<std::string> TakeDelta();
-  // On a standby: applies a delta the executor produced, then brings the execution count and
-  // input history to where the executor's were (`meta` of its kDone entry).
-  Status ApplyDelta(const std::string& delta);
+  // On a standby: applies a delta the executor produced. Returns what this namespace then lacks
+  // ("" when nothing): names the log bound whose values could not be rebuilt here, and why.
+  Result<std::string> ApplyDelta(const std::string& delta);
   // Changes outside the namespace (cwd, environment, sys.path, package installs) of the last
   // executed cell as JSON, empty if none; and applying them on a standby.
   Result<std::string> TakeSideEffects();
   Status ApplySideEffects(const std::string& changes_json);
+  // Then brings the execution count and input history to where the executor's were (`meta` of
+  // its kDone entry).
   Status FinishStandby(const jupyter::Json& done_meta);
   // Whole-namespace checkpoint, and rebuilding the namespace from one plus later deltas.
   Result<std::string> Checkpoint();
-  // `records`: (is_delta, payload) in log order; a non-delta is a side-effect record.
-  Status Restore(const std::string& checkpoint,
-                 const std::vector<std::pair<bool, std::string>>& records);
+  // `records`: (is_delta, payload) in log order; a non-delta is a side-effect record. Returns
+  // what ApplyDelta returns.
+  Result<std::string> Restore(const std::string& checkpoint,
+                              const std::vector<std::pair<bool, std::string>>& records);
 
   // Runs pending Python signal handlers. Returns true, leaving the Python error set, when one of
   // them raised (e.g. KeyboardInterrupt). Requires the GIL.

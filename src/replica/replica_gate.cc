@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <mutex>  // std::call_once
+#include <thread>
 
 #include "common/ids.h"
 #include "replica/python_engine.h"
@@ -23,6 +25,18 @@ constexpr size_t kLoggedFieldMaxBytes = 1u << 20;
 // what a replica that catches up is sent) is the checkpoint plus that journal, and deltas of up
 // to 4 MiB each (nbos_state's payload_threshold) would otherwise make it hundreds of MB.
 constexpr size_t kCheckpointAfterJournalBytes = 16u << 20;
+// A rebuild that failed within this long is tried again before a cell is refused.
+constexpr std::chrono::milliseconds kQuickRebuild{1000};
+// The outcome of an election a CANCEL decided (ReplicaGate::outcomes_).
+constexpr std::string_view kCancelledOutcome = "cancelled";
+// How long a standby told to cancel waits for the log to decide: a CANCEL commits within a round
+// trip while a majority answers; without one, the answer is "not known" at once.
+constexpr std::chrono::milliseconds kCancelDecisionWait{1500};
+
+// The winner an outcome names (0: nobody, also for a cancelled election).
+ReplicaId WinnerOf(const Json& outcome) {
+  return outcome.is_number_unsigned() ? outcome.get<ReplicaId>() : 0;
+}
 
 // Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
 // (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
@@ -62,10 +76,11 @@ class BackgroundStartedGate final : public ExecutionGate {
   }
   Result<std::string> Follow(const Decision& decision) override { return Gate().Follow(decision); }
   void Pump() override { Gate().Pump(); }
-  bool Cancel(const std::string& exec_id, const std::string& reason) override {
-    return Gate().Cancel(exec_id, reason);
+  bool Cancel(const std::string& exec_id, const std::string& reason, bool decide_in_log) override {
+    return Gate().Cancel(exec_id, reason, decide_in_log);
   }
   Json ReplyMetadata(const Decision& decision) override { return Gate().ReplyMetadata(decision); }
+  std::string Divergence() override { return Gate().Divergence(); }
   Status ChangeMembership(const MembershipChange& change) override {
     return Gate().ChangeMembership(change);
   }
@@ -97,7 +112,8 @@ std::unique_ptr<ExecutionGate> ReplicaGate::StartInBackground(const ReplicaOptio
 ReplicaGate::ReplicaGate(const ReplicaOptions& options)
     : options_(options),
       ids_(options.replica_id, options.proposal_nonce),
-      machine_(options.replicas, this) {}
+      machine_(options.replicas, this),
+      cancel_ids_(options.replica_id, options.proposal_nonce + "-cancel") {}
 
 Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& options) {
   ReplicaOptions with_nonce = options;
@@ -113,6 +129,7 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
       return Unavailable("reading the checkpoint to restore (" + options.restore_from +
                          "): " + checkpoint.status().message());
     }
+    MutexLock lock(&gate->machine_mu_);  // uncontended: the log has not started
     if (Status s = gate->machine_.Restore(*checkpoint); !s.ok()) {
       return InvalidArgument("checkpoint " + options.restore_from + ": " + s.message());
     }
@@ -148,30 +165,53 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
 }
 
 ReplicaGate::~ReplicaGate() {
-  announcer_.reset();  // proposes through router_
+  std::vector<std::future<void>> cancels;
+  {
+    MutexLock lock(&mu_);
+    cancels.swap(cancel_proposals_);
+  }
+  for (auto& c : cancels) c.wait();  // they propose through router_
+  announcer_.reset();                // proposes through router_
   router_.reset();
   if (node_) node_->Close();  // no more listener calls after this
 }
 
 void ReplicaGate::LockedMachine::Apply(std::string_view command) {
-  std::lock_guard lock(gate_->machine_mu_);
+  MutexLock lock(&gate_->machine_mu_);
   gate_->machine_.Apply(command);
 }
 
 std::string ReplicaGate::LockedMachine::Snapshot() {
-  std::lock_guard lock(gate_->machine_mu_);
+  MutexLock lock(&gate_->machine_mu_);
   return gate_->machine_.Snapshot();
 }
 
 Status ReplicaGate::LockedMachine::Restore(std::string_view snapshot) {
-  std::lock_guard lock(gate_->machine_mu_);
+  MutexLock lock(&gate_->machine_mu_);
   return gate_->machine_.Restore(snapshot);
 }
 
+// A member behind the log would checkpoint an older state, and the kernel resumed from it would
+// lack the cells it had not applied: it first learns the commit index, by committing an entry that
+// changes nothing (a blob hint without keys) through the leader, and applies the log up to it.
 Result<std::string> ReplicaGate::SaveCheckpoint() {
+  auto index = router_->Propose(EncodeKernelEntry({KernelEntry::Type::kBlobHint, "",
+                                                   options_.replica_id, Json::object(), ""}),
+                                options_.propose_timeout);
+  if (!index.ok()) {
+    return Unavailable("this replica cannot tell whether it applied every committed cell: " +
+                       index.status().message());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.propose_timeout;
+  while (node_->LastApplied() < *index) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Unavailable("this replica did not apply the committed cells in time");
+    }
+    std::this_thread::sleep_for(5ms);
+  }
   std::string state;
   {
-    std::lock_guard lock(machine_mu_);
+    MutexLock lock(&machine_mu_);
     state = machine_.Snapshot();
   }
   return store_->Put(state);
@@ -188,10 +228,10 @@ void ReplicaGate::Attach(PythonEngine* engine) {
 
 void ReplicaGate::Enqueue(Event event) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     events_.push_back(std::move(event));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ReplicaGate::OnElected(const std::string& exec_id, ReplicaId winner) {
@@ -199,6 +239,12 @@ void ReplicaGate::OnElected(const std::string& exec_id, ReplicaId winner) {
 }
 void ReplicaGate::OnAllYielded(const std::string& exec_id) {
   Enqueue({Event::Kind::kAllYielded, exec_id, 0, {}, {}, {}});
+}
+void ReplicaGate::OnCancelled(const std::string& exec_id) {
+  Enqueue({Event::Kind::kCancelled, exec_id, 0, {}, {}, {}});
+}
+void ReplicaGate::OnSuperseded(const std::string& exec_id) {
+  Enqueue({Event::Kind::kSuperseded, exec_id, 0, {}, {}, {}});
 }
 void ReplicaGate::OnDelta(const std::string& exec_id, ReplicaId executor,
                           const std::string& payload) {
@@ -219,7 +265,7 @@ void ReplicaGate::OnBlobHint(const std::string& exec_id, ReplicaId executor,
   spdlog::debug("execution {}: prefetching {} hinted blobs", exec_id, keys.size());
   store_->Prefetch(keys);
   hinted_keys_ += keys.size();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   hinted_.emplace_back(dones_logged_, keys);
 }
 void ReplicaGate::OnSideEffect(const std::string& exec_id, const std::string& statement) {
@@ -261,6 +307,13 @@ void ReplicaGate::Process(Event& e) {
     case Event::Kind::kAllYielded:
       Remember(&outcomes_, &outcome_order_, e.exec_id, Json(0));
       return;
+    case Event::Kind::kCancelled:
+      Remember(&outcomes_, &outcome_order_, e.exec_id, Json(kCancelledOutcome));
+      return;
+    case Event::Kind::kSuperseded:
+      // Its Done will not count: whoever waits for it stops waiting.
+      Remember(&done_, &done_order_, e.exec_id, Json{{"superseded", true}});
+      return;
     case Event::Kind::kCheckpoint:
       since_checkpoint_ = journal_seen_ - std::min(journal_seen_, e.count);
       return;
@@ -297,11 +350,13 @@ void ReplicaGate::Process(Event& e) {
           "restoring the namespace from a snapshot: checkpoint of {} bytes, {} journal "
           "records",
           e.payload.size(), records.size());
-      last_restore_ = engine_->Restore(e.payload, records);
+      auto unrebuilt = engine_->Restore(e.payload, records);
+      last_restore_ = unrebuilt.status();
       behind_why_ = last_restore_.message();
       if (!last_restore_.ok()) {
         spdlog::error("restoring the namespace from a snapshot: {}", last_restore_.ToString());
       }
+      NoteUnrebuilt(unrebuilt.ok() ? *unrebuilt : "");
       return;
     }
   }
@@ -314,12 +369,18 @@ void ReplicaGate::ApplyRecord(const Event& e) {
   ++since_checkpoint_;
   if (executed_here_.count(e.exec_id) > 0) return;
   const auto start = std::chrono::steady_clock::now();
-  Status s = e.kind == Event::Kind::kDelta ? engine_->ApplyDelta(e.payload)
-                                           : engine_->ApplySideEffects(e.payload);
+  Status s;
+  if (e.kind == Event::Kind::kDelta) {
+    auto unrebuilt = engine_->ApplyDelta(e.payload);
+    s = unrebuilt.status();
+    if (unrebuilt.ok()) NoteUnrebuilt(*unrebuilt);
+  } else {
+    s = engine_->ApplySideEffects(e.payload);
+  }
   if (!s.ok()) {
-    spdlog::error("execution {}: {}; this replica rebuilds its namespace before it runs a cell",
-                  e.exec_id, s.ToString());
+    spdlog::error("execution {}: {}; this replica rebuilds its namespace", e.exec_id, s.ToString());
     if (behind_why_.empty()) behind_why_ = s.message();
+    rebuild_tried_ = false;
   }
   spdlog::debug(
       "execution {}: applied {} in {:.1f} ms", e.exec_id,
@@ -330,7 +391,7 @@ void ReplicaGate::ApplyRecord(const Event& e) {
 void ReplicaGate::DropUnusedHints(uint64_t dones) {
   std::vector<std::string> unused;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     while (!hinted_.empty() && hinted_.front().first < dones) {
       for (std::string& k : hinted_.front().second) unused.push_back(std::move(k));
       hinted_.pop_front();
@@ -344,7 +405,7 @@ void ReplicaGate::ProcessEvents() {
   for (;;) {
     Event e;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (events_.empty()) return;
       e = std::move(events_.front());
       events_.pop_front();
@@ -353,8 +414,24 @@ void ReplicaGate::ProcessEvents() {
   }
 }
 
+void ReplicaGate::NoteUnrebuilt(const std::string& why) {
+  if (why == unrebuilt_why_) return;
+  if (!why.empty()) spdlog::error("this replica cannot follow the log: {}", why);
+  unrebuilt_why_ = why;
+  rebuild_tried_ = false;
+}
+
+std::string ReplicaGate::Divergence() {
+  if (!behind_why_.empty()) return "it could not apply an earlier cell's effects: " + behind_why_;
+  return unrebuilt_why_;
+}
+
 void ReplicaGate::Pump() {
   ProcessEvents();
+  // One rebuild from the log after a failure to follow, while idle: a failure that passes (the
+  // blob store was unreachable) heals here, and a cell routed to this replica is answered at
+  // once instead of waiting for a rebuild that fails the same way.
+  if (!rebuild_tried_ && !Divergence().empty()) RebuildFromLog();
   if (want_leadership_) {
     // The executor of the last cell is likely the next one (the scheduler keeps executors
     // sticky): as Raft leader its elections and commits skip the forwarding hop and the wait
@@ -375,10 +452,11 @@ bool ReplicaGate::WaitFor(Pred done, const std::string& exec_id,
     if (done()) return true;
     if (std::chrono::steady_clock::now() >= deadline) return false;
     PythonEngine::Unlocked nogil;
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (cancelled_.count(exec_id) > 0) return false;
-    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + 100ms),
-                   [&] { return !events_.empty() || cancelled_.count(exec_id) > 0; });
+    const auto until = std::min(deadline, std::chrono::steady_clock::now() + 100ms);
+    while (events_.empty() && cancelled_.count(exec_id) == 0 && cv_.WaitUntil(&mu_, until)) {
+    }
   }
 }
 
@@ -414,7 +492,7 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   }
   if (target == options_.replica_id && RunsAhead(nbos, d.exec_id)) {
     d.executor = options_.replica_id;
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (cancelled_.count(d.exec_id) > 0) {
       run_ahead_.reset();
       d.role = Role::kCancelled;
@@ -428,35 +506,64 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   // A YIELD decides nothing while a member was targeted: only its LEAD ends the election (or
   // a cancel, if it is gone), so the others wait without adding two entries to every cell's
   // round. A target that is no member gets the YIELDs that fail the election.
+  Status s;
   if (lead || !IsMember(target)) {
     KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
                          options_.replica_id, Json::object(), ""};
-    if (Status s = Propose(std::move(proposal)); !s.ok()) return s;
+    s = Propose(std::move(proposal));
   }
-  bool decided =
-      WaitFor([&] { return outcomes_.count(d.exec_id) > 0; }, d.exec_id, options_.follow_timeout);
-  {
-    std::lock_guard lock(mu_);
-    // A cancel wins even over a decided outcome: the gateway may already have told the client
-    // that the cell did not run. The standbys, waiting for this executor, are cancelled too.
+  if (s.ok()) s = AwaitOutcome(&d);
+  if (!s.ok()) {
+    // The chosen executor answers without running the cell, and this request is then done: it
+    // never runs it. Any other replica cannot tell whether the executor did.
+    if (target != options_.replica_id) return s;
+    d.role = Role::kNotRun;
+    d.executor = options_.replica_id;
+    d.refused = s;
+    return d;
+  }
+  if (d.role == Role::kExecute) {
+    // A replica whose namespace lacks the log's state must not run the cell: it answers at once
+    // and tells the standbys through the log (Commit).
+    if (d.refused = CatchUp(); !d.refused.ok()) return d;
+    MutexLock lock(&mu_);
+    // Told to cancel before it began: only this replica could run the cell (its LEAD won), and
+    // now it never will.
     if (cancelled_.count(d.exec_id) > 0) {
       d.role = Role::kCancelled;
       return d;
     }
-    if (!decided) return Unavailable("no election outcome for execution " + d.exec_id + " in time");
-    d.executor = outcomes_.at(d.exec_id).get<ReplicaId>();
-    d.role = d.executor == 0                     ? Role::kNobody
-             : d.executor == options_.replica_id ? Role::kExecute
-                                                 : Role::kStandby;
-  }
-  if (d.role == Role::kExecute) {
-    // The gateway cancels the standbys on this answer, as after a failed commit.
-    if (Status s = CatchUp(); !s.ok()) return s;
-    std::lock_guard lock(mu_);
     started_ = d.exec_id;
     if (announcer_) announcer_->Open(d.exec_id);
   }
   return d;
+}
+
+Status ReplicaGate::AwaitOutcome(Decision* d) {
+  const auto outcome_known = [&] { return outcomes_.count(d->exec_id) > 0; };
+  bool decided = WaitFor(outcome_known, d->exec_id, options_.follow_timeout);
+  bool cancelled_here = false;
+  {
+    MutexLock lock(&mu_);
+    cancelled_here = cancelled_.count(d->exec_id) > 0;
+  }
+  // Told to stop waiting: the CANCEL proposed with it decides within a round trip while a
+  // majority answers; until the log decides, nobody can say whether the cell runs.
+  if (!decided && cancelled_here) decided = WaitFor(outcome_known, "", kCancelDecisionWait);
+  if (!decided) {
+    if (!cancelled_here) {
+      return Unavailable("no election outcome for execution " + d->exec_id + " in time");
+    }
+    d->role = Role::kNotKnown;
+    return Status::Ok();
+  }
+  const Json& outcome = outcomes_.at(d->exec_id);
+  d->executor = WinnerOf(outcome);
+  d->role = outcome == kCancelledOutcome         ? Role::kCancelled
+            : d->executor == 0                   ? Role::kNobody
+            : d->executor == options_.replica_id ? Role::kExecute
+                                                 : Role::kStandby;
+  return Status::Ok();
 }
 
 // Running ahead skips the LEAD's round trip before the cell (decision 0012). It is safe whatever
@@ -467,14 +574,14 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
 bool ReplicaGate::RunsAhead(const Json& nbos, const std::string& exec_id) {
   run_ahead_.reset();
   const Json previous = nbos.value("previous_exec_id", Json());
-  if (!options_.run_ahead || !previous.is_string() || !behind_why_.empty() ||
+  if (!options_.run_ahead || !previous.is_string() || !Divergence().empty() ||
       executed_here_.count(previous.get<std::string>()) == 0 || outcomes_.count(exec_id) > 0) {
     return false;
   }
   // A follower executor learns that its own last Done committed one message after the leader.
   const std::string& prev = previous.get_ref<const std::string&>();
   if (!WaitFor([&] { return done_.count(prev) > 0; }, exec_id, options_.run_ahead_wait) ||
-      outcomes_.count(exec_id) > 0 || !behind_why_.empty() || !IsMember(options_.replica_id)) {
+      outcomes_.count(exec_id) > 0 || !Divergence().empty() || !IsMember(options_.replica_id)) {
     return false;
   }
   run_ahead_ = RunAhead{exec_id, journal_seen_};
@@ -482,19 +589,24 @@ bool ReplicaGate::RunsAhead(const Json& nbos, const std::string& exec_id) {
 }
 
 Status ReplicaGate::CatchUp() {
-  if (behind_why_.empty()) return Status::Ok();
-  spdlog::warn("this replica's namespace lacks effects it could not apply ({}); rebuilding it",
-               behind_why_);
-  RebuildFromLog();
-  if (behind_why_.empty()) return Status::Ok();
-  return Unavailable(
-      "this replica could not apply an earlier cell's effects and could not rebuild its "
-      "namespace (" +
-      behind_why_ + "), so the cell did not run; it runs once the namespace can be rebuilt");
+  if (Divergence().empty()) return Status::Ok();
+  // Again at a cell even after a failed rebuild, when that took little time: what failed may
+  // have passed (the blob store is back), and the answer still comes at once.
+  if (!rebuild_tried_ || last_rebuild_ <= kQuickRebuild) {
+    spdlog::warn("this replica's namespace differs from the log's ({}); rebuilding it",
+                 Divergence());
+    RebuildFromLog();
+    if (Divergence().empty()) return Status::Ok();
+  }
+  return Unavailable(fmt::format(
+      "replica {} cannot run cells: {}. The cell did not run; nbos replaces this replica (run "
+      "the cell again)",
+      options_.replica_id, Divergence()));
 }
 
 Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& request,
                            const std::string& reply_content) {
+  if (!decision.refused.ok()) return CommitNotRun(decision, reply_content);
   executed_here_.insert(decision.exec_id);
   if (announcer_) announcer_->Close();  // its hints are in the log before the delta
   // Delta, side effects and Done go out together: one round trip to the leader.
@@ -535,16 +647,49 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
     if (Status s = CheckRanAheadWon(decision.exec_id); !s.ok())
       return ReturnToReplicatedState(decision.exec_id, s);
   }
-  // ProposeAll returns once the leader applied the entries, so they are committed and the reply
-  // may go out. This namespace already holds the effects; a follower learns of the commit only
-  // with the leader's next message, and waiting for that would add a heartbeat to every reply.
   // The records are counted when they arrive, and a checkpoint waits for that (see kDone).
   checkpoint_after_ = decision.exec_id;
+  if (Status s = CheckCounted(decision.exec_id); !s.ok()) {
+    checkpoint_after_.clear();
+    return ReturnToReplicatedState(decision.exec_id, s);
+  }
   // Only a repeat executor asks: when executors alternate, moving leadership every cell would
   // cost an election each time.
   want_leadership_ = options_.lead_follows_executor && ++executed_in_a_row_ >= 2;
   ProcessEvents();
   return Status::Ok();
+}
+
+// A Done without effects: the standbys answer with `reply_content` at once instead of waiting for
+// effects that will not come, and nobody's history or execution count moves.
+Status ReplicaGate::CommitNotRun(const Decision& decision, const std::string& reply_content) {
+  Json meta{{"execution_count", 0}, {"store_history", false}};
+  SetLoggedFields("", reply_content, Json::parse(reply_content, nullptr, false), &meta);
+  return Propose(
+      {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""});
+}
+
+// ProposeAll returns once the leader applied the entries; the leader is usually this replica
+// (lead_follows_executor), and a follower learns of the commit with the leader's next message.
+// Only then is it known that they count: an executor cut off while the others went on commits
+// its effects after later cells', and the log skips them.
+Status ReplicaGate::CheckCounted(const std::string& exec_id) {
+  if (!WaitFor([&] { return done_.count(exec_id) > 0; }, "", options_.propose_timeout)) {
+    return Unavailable(
+        "the cell's effects were committed, but whether they count did not reach this replica "
+        "in time; whether they are in the kernel's state is not known");
+  }
+  if (!Superseded(exec_id)) return Status::Ok();
+  return Unavailable(
+      "a later cell began on the other replicas before they reached the log (this replica was "
+      "cut off from them), so they were discarded on every replica and the kernel's state is "
+      "as if this cell had not run; whether what it did outside the kernel (files, output) "
+      "happened is not known");
+}
+
+bool ReplicaGate::Superseded(const std::string& exec_id) const {
+  auto it = done_.find(exec_id);
+  return it != done_.end() && it->second.value("superseded", false);
 }
 
 // The LEAD committed with the cell's effects decides whether they count: a follower learns of
@@ -556,7 +701,13 @@ Status ReplicaGate::CheckRanAheadWon(const std::string& exec_id) {
         "the cell's effects were committed, but whether they count (its LEAD) "
         "did not reach this replica in time");
   }
-  if (outcomes_.at(exec_id).get<ReplicaId>() == options_.replica_id) return Status::Ok();
+  if (WinnerOf(outcomes_.at(exec_id)) == options_.replica_id) return Status::Ok();
+  if (outcomes_.at(exec_id) == kCancelledOutcome) {
+    return Unavailable(
+        "the cell was cancelled through the kernel's log before its LEAD committed (its replica "
+        "was thought lost), so its effects were discarded on every replica: it took no effect "
+        "(run it again)");
+  }
   return Unavailable(
       "another cell's effects reached the log while this cell ran, so this cell's effects were "
       "discarded on every replica (run it again)");
@@ -567,7 +718,7 @@ Status ReplicaGate::CheckRanAheadWon(const std::string& exec_id) {
 // snapshot restore does: an event at this point of the log (no entry is applied while
 // machine_mu_ is held) replaces the namespace with the state the log holds, and clears
 // executed_here_. Should the entries commit after all (a proposal is at least once), their delta
-// arrives later and is applied like another executor's.
+// arrives later and is applied like another executor's, unless another cell won the log first.
 Status ReplicaGate::ReturnToReplicatedState(const std::string& exec_id, const Status& why) {
   spdlog::warn(
       "execution {}: its effects are not known to be replicated ({}); going back to the "
@@ -585,8 +736,9 @@ Status ReplicaGate::ReturnToReplicatedState(const std::string& exec_id, const St
 }
 
 void ReplicaGate::RebuildFromLog() {
+  const auto start = std::chrono::steady_clock::now();
   {
-    std::lock_guard lock(machine_mu_);
+    MutexLock lock(&machine_mu_);
     Enqueue({Event::Kind::kRestored,
              "",
              0,
@@ -596,6 +748,9 @@ void ReplicaGate::RebuildFromLog() {
              machine_.journal_total()});
   }
   ProcessEvents();
+  rebuild_tried_ = true;
+  last_rebuild_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
 }
 
 void ReplicaGate::SetLoggedFields(std::string code, const std::string& reply_content,
@@ -658,7 +813,7 @@ void ReplicaGate::FieldsFromStore(Json* done_meta) {
 void ReplicaGate::MaybeCheckpoint() {
   size_t journal_bytes = 0;
   {
-    std::lock_guard lock(machine_mu_);
+    MutexLock lock(&machine_mu_);
     for (const JournalRecord& r : machine_.journal()) journal_bytes += r.payload.size();
   }
   if (since_checkpoint_ < options_.checkpoint_every &&
@@ -684,47 +839,79 @@ Result<std::string> ReplicaGate::Follow(const Decision& decision) {
                options_.follow_timeout)) {
     std::string why;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = cancel_reasons_.find(decision.exec_id);
       if (it != cancel_reasons_.end()) why = " (" + it->second + ")";
     }
+    // The LEAD won: the executor may have run the cell, and its effects may still commit.
     return Unavailable("replica " + std::to_string(decision.executor) +
-                       " did not finish execution " + decision.exec_id + why +
-                       "; this replica keeps the state of the last completed cell");
+                       ", chosen to run this cell, did not finish it here" + why +
+                       ". Whether the cell ran is not known: if it did, its effects reach every "
+                       "replica through the log. Look at the kernel's state before running it "
+                       "again");
+  }
+  if (Superseded(decision.exec_id)) {
+    return Unavailable("replica " + std::to_string(decision.executor) +
+                       ", chosen to run this cell, had not finished it when a later cell began: "
+                       "whatever it did, its effects were discarded on every replica. Whether "
+                       "it ran (output, files) is not known; the kernel's state is as if it had "
+                       "not");
   }
   return done_.at(decision.exec_id).value("reply", Json::object()).dump();
 }
 
-bool ReplicaGate::Cancel(const std::string& exec_id, const std::string& reason) {
+bool ReplicaGate::Cancel(const std::string& exec_id, const std::string& reason,
+                         bool decide_in_log) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (exec_id == started_) return false;
     cancelled_.insert(exec_id);
     if (!reason.empty()) {
       if (cancel_reasons_.size() >= 16) cancel_reasons_.erase(cancel_reasons_.begin());
       cancel_reasons_[exec_id] = reason;
     }
+    if (decide_in_log && !exec_id.empty()) ProposeCancel(exec_id);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return true;
 }
 
+void ReplicaGate::ProposeCancel(const std::string& exec_id) {
+  std::erase_if(cancel_proposals_, [](const std::future<void>& f) {
+    return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  KernelEntry entry{KernelEntry::Type::kCancel, exec_id, options_.replica_id, Json::object(), ""};
+  entry.id = cancel_ids_.Next();
+  cancel_proposals_.push_back(
+      std::async(std::launch::async, [router = router_.get(), bytes = EncodeKernelEntry(entry),
+                                      exec_id, timeout = options_.propose_timeout] {
+        auto committed = router->Propose(bytes, timeout);
+        if (!committed.ok()) {
+          spdlog::warn("execution {}: the cancel did not reach the log: {}", exec_id,
+                       committed.status().ToString());
+        }
+      }));
+}
+
 Json ReplicaGate::ReplyMetadata(const Decision& decision) {
-  return Json{{"nbos",
-               {{"exec_id", decision.exec_id},
-                {"replica", options_.replica_id},
-                {"executor", decision.executor},
-                {"role", decision.role == Role::kExecute ? "executor" : "standby"},
-                // Whether the executor ran the cell before its LEAD committed (decision 0012).
-                {"ran_ahead", decision.role == Role::kExecute && run_ahead_ &&
-                                  run_ahead_->exec_id == decision.exec_id},
-                // From the process's start to this cell's election: blob keys this replica
-                // announced as an executor and was told of as a standby, and blobs it took from
-                // the prefetched ones.
-                {"blobs",
-                 {{"announced", announcer_ ? announcer_->keys_announced() : 0},
-                  {"hinted", hinted_keys_.load()},
-                  {"prefetch_hits", store_->hits()}}}}}};
+  return Json{
+      {"nbos",
+       {{"exec_id", decision.exec_id},
+        {"replica", options_.replica_id},
+        {"executor", decision.executor},
+        // The chosen executor's answer is the cell's, also when it could not run it.
+        {"role", decision.role == Role::kExecute || decision.role == Role::kNotRun ? "executor"
+                                                                                   : "standby"},
+        // Whether the executor ran the cell before its LEAD committed (decision 0012).
+        {"ran_ahead",
+         decision.role == Role::kExecute && run_ahead_ && run_ahead_->exec_id == decision.exec_id},
+        // From the process's start to this cell's election: blob keys this replica
+        // announced as an executor and was told of as a standby, and blobs it took from
+        // the prefetched ones.
+        {"blobs",
+         {{"announced", announcer_ ? announcer_->keys_announced() : 0},
+          {"hinted", hinted_keys_.load()},
+          {"prefetch_hits", store_->hits()}}}}}};
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {

@@ -6,17 +6,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "replica/blob_announcer.h"
 #include "replica/execution_gate.h"
 #include "replica/kernel_log.h"
@@ -91,18 +90,33 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
                 const std::string& reply_content) override;
   Result<std::string> Follow(const Decision& decision) override;
   void Pump() override;
-  bool Cancel(const std::string& exec_id, const std::string& reason) override;
+  bool Cancel(const std::string& exec_id, const std::string& reason, bool decide_in_log)
+      EXCLUDES(mu_) override;
   jupyter::Json ReplyMetadata(const Decision& decision) override;
-  // Thread-safe: the replicated state as this member has applied it, stored in the blob store.
-  Result<std::string> SaveCheckpoint() override;
+  // Thread-safe: the replicated state, with every entry committed when it was called, stored in
+  // the blob store. Unavailable when the commit index cannot be learnt (no majority) in time.
+  Result<std::string> SaveCheckpoint() EXCLUDES(machine_mu_) override;
   // Adds (AddSpare, then promotion to voter after catch-up) or removes a member through the
   // leader; see ProposalRouter::AddMember and RemoveMember for idempotency and errors. Waits at
   // most ReplicaOptions::membership_timeout.
   Status ChangeMembership(const MembershipChange& change) override;
+  // An entry that could not be applied (behind_why_), else names whose values could not be
+  // rebuilt here (unrebuilt_why_, from the engine).
+  std::string Divergence() override;
 
  private:
   struct Event {
-    enum class Kind { kElected, kAllYielded, kDelta, kSideEffect, kDone, kCheckpoint, kRestored };
+    enum class Kind {
+      kElected,
+      kAllYielded,
+      kCancelled,
+      kSuperseded,
+      kDelta,
+      kSideEffect,
+      kDone,
+      kCheckpoint,
+      kRestored
+    };
     Kind kind;
     std::string exec_id;
     ReplicaId replica = 0;
@@ -119,6 +133,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // KernelStateMachine::Listener, on the log's thread: queue for the engine's thread.
   void OnElected(const std::string& exec_id, ReplicaId winner) override;
   void OnAllYielded(const std::string& exec_id) override;
+  void OnCancelled(const std::string& exec_id) override;
+  void OnSuperseded(const std::string& exec_id) override;
   void OnDelta(const std::string& exec_id, ReplicaId executor, const std::string& payload) override;
   void OnSideEffect(const std::string& exec_id, const std::string& statement) override;
   void OnDone(const std::string& exec_id, ReplicaId executor, const jupyter::Json& meta) override;
@@ -127,22 +143,30 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   void OnCheckpoint(uint64_t covers) override;
   void OnRestored(const std::string& checkpoint, const std::vector<JournalRecord>& journal,
                   uint64_t journal_total) override;
-  void OnDuplicateSkipped(const KernelEntry& entry) override;
-  void Enqueue(Event event);
+  // From machine_.Apply, so with machine_mu_ held.
+  void OnDuplicateSkipped(const KernelEntry& entry) REQUIRES(machine_mu_) override;
+  void Enqueue(Event event) EXCLUDES(mu_);
 
   // Engine's thread: applies queued events in log order.
-  void ProcessEvents();
+  void ProcessEvents() EXCLUDES(mu_);
   void Process(Event& event);
   void ApplyRecord(const Event& event);  // a kDelta or kSideEffect
   // Forgets the prefetched blobs of hints logged before the `dones`-th Done.
-  void DropUnusedHints(uint64_t dones);
+  void DropUnusedHints(uint64_t dones) EXCLUDES(mu_);
   // Processes events until `done()` holds, `exec_id` is cancelled, or the timeout passes;
   // releases the GIL while waiting. Returns whether done() holds.
   template <typename Pred>
-  bool WaitFor(Pred done, const std::string& exec_id, std::chrono::milliseconds timeout);
+  bool WaitFor(Pred done, const std::string& exec_id, std::chrono::milliseconds timeout)
+      EXCLUDES(mu_);
   // Encodes `entry` with the next proposal id; every retry of it re-sends the same bytes.
   std::string EncodeWithId(KernelEntry entry);
   Status Propose(KernelEntry entry);
+  // After this replica proposed (or skipped) its LEAD or YIELD: waits for the log's outcome of
+  // d->exec_id and sets d->executor and d->role from it (kNotKnown: told to cancel, and the log
+  // did not decide in time). Unavailable when no outcome came within follow_timeout.
+  Status AwaitOutcome(Decision* d);
+  // Proposes a CANCEL of `exec_id` on a thread of its own (see cancel_proposals_).
+  void ProposeCancel(const std::string& exec_id) REQUIRES(mu_);
   // Whether `id` is in the Raft configuration this member knows (any role).
   bool IsMember(ReplicaId id);
   // Whether this replica, the request's target, runs execution `exec_id` before its LEAD
@@ -150,17 +174,25 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   bool RunsAhead(const jupyter::Json& nbos, const std::string& exec_id);
   // After a ran-ahead cell's entries committed: Ok if its LEAD won, Aborted if it was overtaken.
   Status CheckRanAheadWon(const std::string& exec_id);
-  void MaybeCheckpoint();
+  // After this executor's Done committed: Ok once it is applied here, Unavailable if the log
+  // superseded the execution first (see KernelStateMachine), Unavailable if that is not known
+  // in time.
+  Status CheckCounted(const std::string& exec_id);
+  bool Superseded(const std::string& exec_id) const;
+  void MaybeCheckpoint() EXCLUDES(machine_mu_);
   // After a cell whose effects could not be replicated (`why`): makes this namespace the
   // replicated state again (engine's thread). Returns `why`, saying whether that worked.
   Status ReturnToReplicatedState(const std::string& exec_id, const Status& why);
   // Rebuilds the namespace from the checkpoint and journal the log holds, at this point of the
   // log (engine's thread); last_restore_ says how it went.
-  void RebuildFromLog();
-  // Before this replica runs a cell: if it could not apply an entry (the blob store was
-  // unreachable, say), it rebuilds its namespace first. Unavailable, saying why, when it is still
-  // behind: a cell must not run on a namespace that lacks an earlier cell's effects.
+  void RebuildFromLog() EXCLUDES(machine_mu_, mu_);
+  // Before this replica runs a cell: if its namespace differs from the log's (Divergence), it
+  // rebuilds it first, unless a rebuild that took long failed since (the answer must come at
+  // once). Unavailable, saying why, when it still differs: a cell must not run on a namespace
+  // that lacks an earlier cell's effects.
   Status CatchUp();
+  void NoteUnrebuilt(const std::string& why);
+  Status CommitNotRun(const Decision& decision, const std::string& reply_content);
   // A Done's "code" (the cell's source, for the other replicas' input history) and "reply" (the
   // execute reply their answers repeat; its user_expressions can be any size): over 1 MiB each
   // goes to the blob store and the Done keeps its key ("code_key", "reply_key").
@@ -186,30 +218,35 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
    private:
     ReplicaGate* gate_;
   };
-  std::mutex machine_mu_;
-  KernelStateMachine machine_;
+  Mutex machine_mu_;  // taken before mu_, never after
+  KernelStateMachine machine_ GUARDED_BY(machine_mu_);
   LockedMachine locked_{this};
   std::unique_ptr<replication::RaftNode> node_;
   std::unique_ptr<ProposalRouter> router_;
   // The store the engine writes through (in front of store_); null when hints are off.
   std::unique_ptr<BlobAnnouncer> announcer_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Event> events_;                           // guarded by mu_
-  std::set<std::string> cancelled_;                    // guarded by mu_
-  std::map<std::string, std::string> cancel_reasons_;  // guarded by mu_; exec id -> why
-  std::string started_;  // guarded by mu_: the last execution begun here
+  Mutex mu_;
+  CondVar cv_;  // signalled when an event is queued or an execution cancelled
+  std::deque<Event> events_ GUARDED_BY(mu_);
+  std::set<std::string> cancelled_ GUARDED_BY(mu_);
+  // CANCEL proposals of the control thread, each on a thread of its own (the log may take up to
+  // propose_timeout to take one); the destructor waits for them before the router goes.
+  ProposalIds cancel_ids_ GUARDED_BY(mu_);
+  std::vector<std::future<void>> cancel_proposals_ GUARDED_BY(mu_);
+  std::map<std::string, std::string> cancel_reasons_ GUARDED_BY(mu_);  // exec id -> why
+  std::string started_ GUARDED_BY(mu_);  // the last execution begun here
   // Keys other executors hinted, prefetched for deltas to come, each with the number of Dones
   // the log had applied before the hint. Processing the n-th Done drops what the deltas before
   // it did not take (hints of an executor that failed, blobs this replica already had).
-  std::deque<std::pair<uint64_t, std::vector<std::string>>> hinted_;  // guarded by mu_
-  uint64_t dones_logged_ = 0;                                         // log's thread only
+  std::deque<std::pair<uint64_t, std::vector<std::string>>> hinted_ GUARDED_BY(mu_);
+  uint64_t dones_logged_ = 0;  // log's thread only
   std::atomic<uint64_t> hinted_keys_{0};
 
   // Engine's thread only.
   PythonEngine* engine_ = nullptr;
-  std::map<std::string, jupyter::Json> outcomes_;  // exec_id -> winner (0: nobody)
+  // exec_id -> winner (0: nobody), or "cancelled" (a CANCEL decided the election).
+  std::map<std::string, jupyter::Json> outcomes_;
   std::deque<std::string> outcome_order_;
   std::map<std::string, jupyter::Json> done_;  // exec_id -> kDone meta
   std::deque<std::string> done_order_;
@@ -223,6 +260,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Why the namespace lacks effects the log holds (an entry it could not apply, a failed
   // rebuild); empty while it has them all.
   std::string behind_why_;
+  std::string unrebuilt_why_;  // the engine's account of names it could not rebuild
+  bool rebuild_tried_ = true;  // since the namespace last started to differ from the log's
+  std::chrono::milliseconds last_rebuild_{0};  // how long the last rebuild took
   // The execution running ahead of its LEAD, and the journal records its namespace reflected.
   struct RunAhead {
     std::string exec_id;

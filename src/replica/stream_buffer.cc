@@ -6,7 +6,7 @@ namespace nbos::replica {
 
 void StreamBuffer::Append(std::string_view name, std::string_view text) {
   if (text.empty()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!segments_.empty() && segments_.back().name == name) {
     segments_.back().text.append(text);
   } else {
@@ -16,13 +16,13 @@ void StreamBuffer::Append(std::string_view name, std::string_view text) {
 }
 
 std::vector<StreamSegment> StreamBuffer::Take() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   bytes_ = 0;
   return std::exchange(segments_, {});
 }
 
 size_t StreamBuffer::buffered_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 

@@ -2,10 +2,11 @@
 // the two streams were written. Thread-safe: Python, captured fds and the flush timer all use it.
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace nbos::replica {
 
@@ -16,15 +17,15 @@ struct StreamSegment {
 
 class StreamBuffer {
  public:
-  void Append(std::string_view name, std::string_view text);
+  void Append(std::string_view name, std::string_view text) EXCLUDES(mu_);
   // Everything buffered so far, consecutive writes to one stream merged, in write order.
-  std::vector<StreamSegment> Take();
-  size_t buffered_bytes() const;
+  std::vector<StreamSegment> Take() EXCLUDES(mu_);
+  size_t buffered_bytes() const EXCLUDES(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::vector<StreamSegment> segments_;
-  size_t bytes_ = 0;
+  mutable Mutex mu_;
+  std::vector<StreamSegment> segments_ GUARDED_BY(mu_);
+  size_t bytes_ GUARDED_BY(mu_) = 0;
 };
 
 // Length of the longest prefix of `bytes` that does not end inside a UTF-8 sequence, so text

@@ -7,7 +7,6 @@
 #include <deque>
 #include <filesystem>
 #include <future>
-#include <mutex>
 #include <string_view>
 #include <thread>
 
@@ -18,6 +17,7 @@ extern "C" {
 #include <uv.h>
 
 #include "common/check.h"
+#include "common/thread_annotations.h"
 #include "replication/raft_fsm.h"
 
 namespace nbos::replication {
@@ -58,9 +58,9 @@ struct RaftNode::Impl {
   std::thread thread;
   std::thread::id loop_thread_id;
 
-  std::mutex mu;
-  std::deque<std::function<void()>> posted;  // guarded by mu
-  bool closed = false;                       // guarded by mu: no more work is accepted
+  Mutex mu;
+  std::deque<std::function<void()>> posted GUARDED_BY(mu);
+  bool closed GUARDED_BY(mu) = false;  // no more work is accepted
 
   struct raft_uv_transport transport {};
   struct raft_io io {};
@@ -77,15 +77,16 @@ struct RaftNode::Impl {
   // it (two thread wake-ups) just to learn who leads.
   uv_check_t turn_end{};
   bool turn_end_open = false;
-  std::mutex view_mu;
-  Member leader_view;                // guarded by view_mu
-  std::vector<Member> members_view;  // guarded by view_mu
+  // Written by the loop thread with view_mu held; read by it without (see PublishView).
+  Mutex view_mu;
+  Member leader_view GUARDED_BY(view_mu);
+  std::vector<Member> members_view GUARDED_BY(view_mu);
   std::atomic<uint64_t> last_applied_view{0};
 
   // Runs `fn` on the loop thread. False when the node is closed (fn is dropped).
-  bool Post(std::function<void()> fn) {
+  bool Post(std::function<void()> fn) EXCLUDES(mu) {
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (closed) return false;
       posted.push_back(std::move(fn));
     }
@@ -112,7 +113,7 @@ struct RaftNode::Impl {
     auto* self = static_cast<Impl*>(handle->data);
     std::deque<std::function<void()>> work;
     {
-      std::lock_guard lock(self->mu);
+      MutexLock lock(&self->mu);
       work.swap(self->posted);
     }
     for (auto& fn : work) fn();
@@ -156,8 +157,9 @@ struct RaftNode::Impl {
   }
 
   // Whether the published leader and members are C-Raft's current ones. It runs at the end of
-  // every loop turn, so it compares in place instead of building the values.
-  bool ViewIsCurrent() {
+  // every loop turn, so it compares in place instead of building the values. Loop thread only:
+  // it reads the view without view_mu, which the analysis cannot tell from a race.
+  bool ViewIsCurrent() NO_THREAD_SAFETY_ANALYSIS {
     if (raft_closing) return leader_view == Member{} && members_view.empty();
     raft_id id = 0;
     const char* address = nullptr;
@@ -178,12 +180,12 @@ struct RaftNode::Impl {
 
   // Called on the loop thread, or before it starts. Takes the lock only when something changed;
   // the loop thread is the only writer, so it reads the view without it.
-  void PublishView() {
+  void PublishView() EXCLUDES(view_mu) {
     last_applied_view.store(raft_closing ? 0 : raft_last_applied(&raft), std::memory_order_release);
     if (ViewIsCurrent()) return;
     Member leader = CurrentLeader();
     std::vector<Member> members = CurrentMembers();
-    std::lock_guard lock(view_mu);
+    MutexLock lock(&view_mu);
     leader_view = std::move(leader);
     members_view = std::move(members);
   }
@@ -473,7 +475,7 @@ void RaftNode::Close() {
   Impl* p = impl_.get();
   p->Post([p] { p->BeginClose(); });
   {
-    std::lock_guard lock(p->mu);
+    MutexLock lock(&p->mu);
     p->closed = true;
   }
   p->thread.join();
@@ -562,7 +564,7 @@ void RaftNode::TransferLeadership(ServerId to, Done done) {
 Member RaftNode::Leader() {
   Impl* p = impl_.get();
   if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentLeader();
-  std::lock_guard lock(p->view_mu);
+  MutexLock lock(&p->view_mu);
   return p->leader_view;
 }
 
@@ -595,7 +597,7 @@ bool RaftNode::HasAllEntries(ServerId id) {
 std::vector<Member> RaftNode::Members() {
   Impl* p = impl_.get();
   if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentMembers();
-  std::lock_guard lock(p->view_mu);
+  MutexLock lock(&p->view_mu);
   return p->members_view;
 }
 

@@ -1,23 +1,23 @@
 // A StateMachine for tests: it records every applied command; snapshots hold the whole list.
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "replication/replicated_log.h"
 
 namespace nbos::replication {
 
 class ListMachine final : public StateMachine {
  public:
-  void Apply(std::string_view command) override {
-    std::lock_guard lock(mu_);
+  void Apply(std::string_view command) EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     commands_.emplace_back(command);
     events_.push_back("apply:" + std::string(command));
   }
-  std::string Snapshot() override {
-    std::lock_guard lock(mu_);
+  std::string Snapshot() EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     std::string out;
     for (const auto& c : commands_) {
       out += std::to_string(c.size()) + ":" + c;
@@ -25,7 +25,7 @@ class ListMachine final : public StateMachine {
     ++snapshots_;
     return out;
   }
-  Status Restore(std::string_view snapshot) override {
+  Status Restore(std::string_view snapshot) EXCLUDES(mu_) override {
     std::vector<std::string> restored;
     while (!snapshot.empty()) {
       size_t colon = snapshot.find(':');
@@ -35,36 +35,36 @@ class ListMachine final : public StateMachine {
       restored.emplace_back(snapshot.substr(colon + 1, len));
       snapshot.remove_prefix(colon + 1 + len);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     events_.push_back("restore:" + std::to_string(restored.size()));
     commands_ = std::move(restored);
     ++restores_;
     return Status::Ok();
   }
-  std::vector<std::string> commands() {
-    std::lock_guard lock(mu_);
+  std::vector<std::string> commands() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return commands_;
   }
-  size_t size() {
-    std::lock_guard lock(mu_);
+  size_t size() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return commands_.size();
   }
   // What happened, in order: "apply:<command>" and "restore:<size>".
-  std::vector<std::string> events() {
-    std::lock_guard lock(mu_);
+  std::vector<std::string> events() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return events_;
   }
-  int restores() {
-    std::lock_guard lock(mu_);
+  int restores() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return restores_;
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::string> commands_;
-  std::vector<std::string> events_;
-  int snapshots_ = 0;
-  int restores_ = 0;
+  Mutex mu_;
+  std::vector<std::string> commands_ GUARDED_BY(mu_);
+  std::vector<std::string> events_ GUARDED_BY(mu_);
+  int snapshots_ GUARDED_BY(mu_) = 0;
+  int restores_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace nbos::replication

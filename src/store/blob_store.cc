@@ -5,16 +5,15 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <condition_variable>
 #include <cstdlib>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/check.h"
 #include "common/hex.h"
+#include "common/thread_annotations.h"
 #include "store/dir_blob_store.h"
 #include "store/redis_blob_store.h"
 #include "store/s3_blob_store.h"
@@ -305,30 +304,31 @@ std::string BlobHasher::HexDigest() {
 struct ConcurrentBlobHasher::State {
   explicit State(const char* b) : base(b) {}
   const char* const base;
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t filled = 0;           // guarded by mu
-  size_t claimed = 0;          // guarded by mu: bytes handed to a hashing thread
-  bool finished = false;       // guarded by mu
-  bool abandoned = false;      // guarded by mu
-  std::deque<Digest> digests;  // guarded by mu (an element is written by its claimer alone)
+  Mutex mu;
+  CondVar cv;
+  size_t filled GUARDED_BY(mu) = 0;
+  size_t claimed GUARDED_BY(mu) = 0;  // bytes handed to a hashing thread
+  bool finished GUARDED_BY(mu) = false;
+  bool abandoned GUARDED_BY(mu) = false;
+  // An element is written by its claimer alone, outside the lock.
+  std::deque<Digest> digests GUARDED_BY(mu);
   std::vector<std::thread> helpers;
 
-  bool Ready() const {
+  bool Ready() const REQUIRES(mu) {
     return filled - claimed >= kBlobChunkBytes || (finished && filled > claimed);
   }
-  void Work() {
-    std::unique_lock lock(mu);
+  void Work() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     for (;;) {
-      cv.wait(lock, [&] { return abandoned || Ready() || finished; });
+      while (!abandoned && !Ready() && !finished) cv.Wait(&mu);
       if (abandoned || !Ready()) return;
       const size_t begin = claimed;
       const size_t len = std::min(kBlobChunkBytes, filled - begin);
       claimed += len;
       Digest& slot = digests.emplace_back();  // deque: earlier slots stay where they are
-      lock.unlock();
+      lock.Unlock();
       slot = ChunkDigest(std::string_view(base + begin, len));
-      lock.lock();
+      lock.Lock();
     }
   }
 };
@@ -340,10 +340,10 @@ ConcurrentBlobHasher::ConcurrentBlobHasher(const char* base, int helpers)
 
 ConcurrentBlobHasher::~ConcurrentBlobHasher() {
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     state_->abandoned = !state_->finished;
   }
-  state_->cv.notify_all();
+  state_->cv.SignalAll();
   for (std::thread& t : state_->helpers) {
     if (t.joinable()) t.join();
   }
@@ -351,23 +351,24 @@ ConcurrentBlobHasher::~ConcurrentBlobHasher() {
 
 void ConcurrentBlobHasher::Advance(size_t filled_bytes) {
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     NBOS_CHECK(filled_bytes >= state_->filled && !state_->finished, "Advance only moves forward");
     state_->filled = filled_bytes;
   }
-  state_->cv.notify_all();
+  state_->cv.SignalAll();
 }
 
 std::string ConcurrentBlobHasher::Finish() {
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     NBOS_CHECK(!state_->finished, "Finish is called once");
     state_->finished = true;
   }
-  state_->cv.notify_all();
+  state_->cv.SignalAll();
   state_->Work();  // the owner hashes too
   for (std::thread& t : state_->helpers) t.join();
   state_->helpers.clear();
+  MutexLock lock(&state_->mu);  // uncontended: every hashing thread is done
   std::vector<Digest> digests(state_->digests.begin(), state_->digests.end());
   return KeyFromDigests(state_->filled, digests);
 }

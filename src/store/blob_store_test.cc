@@ -8,10 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "store/dir_blob_store.h"
 #include "store/redis_blob_store.h"
 #include "store/s3_blob_store.h"
@@ -472,11 +472,11 @@ TYPED_TEST(BlobStoreContractTest, ConcurrentPutsOfTheSameBlob) {
   const std::string key = BlobKey(data);
   constexpr int kThreads = 8;
   std::atomic<int> failures{0};
-  std::mutex mu;
+  Mutex mu;  // guards first_failure
   std::string first_failure;
   auto failed = [&](const Status& s) {
     ++failures;
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (first_failure.empty()) first_failure = s.ToString();
   };
   std::vector<std::thread> threads;

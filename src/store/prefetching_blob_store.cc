@@ -12,26 +12,26 @@ PrefetchingBlobStore::PrefetchingBlobStore(std::unique_ptr<BlobStore> backing,
 
 PrefetchingBlobStore::~PrefetchingBlobStore() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   worker_.join();
 }
 
 void PrefetchingBlobStore::Prefetch(const std::vector<std::string>& keys) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& k : keys) {
       if (!IsValidBlobKey(k) || cache_.count(k) > 0 || k == in_flight_) continue;
       if (std::find(queue_.begin(), queue_.end(), k) == queue_.end()) queue_.push_back(k);
     }
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void PrefetchingBlobStore::Forget(const std::vector<std::string>& keys) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& k : keys) {
     queue_.erase(std::remove(queue_.begin(), queue_.end(), k), queue_.end());
     if (k == in_flight_) in_flight_forgotten_ = true;
@@ -48,9 +48,9 @@ void PrefetchingBlobStore::DropCachedLocked(const std::string& key) {
 }
 
 void PrefetchingBlobStore::Work() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (stopping_) return;
     std::string key = std::move(queue_.front());
     queue_.pop_front();
@@ -59,9 +59,9 @@ void PrefetchingBlobStore::Work() {
     if (cache_.count(key) > 0) continue;
     in_flight_ = key;
     in_flight_forgotten_ = false;
-    lock.unlock();
+    lock.Unlock();
     auto blob = backing_->GetBuffer(key);
-    lock.lock();
+    lock.Lock();
     in_flight_.clear();
     if (blob.ok() && (*blob)->size() <= max_cached_bytes_ && !in_flight_forgotten_) {
       while (cached_bytes_ + (*blob)->size() > max_cached_bytes_ && !cache_order_.empty()) {
@@ -76,15 +76,15 @@ void PrefetchingBlobStore::Work() {
       cache_order_.push_back(key);
       cache_.emplace(key, std::move(*blob));
     }
-    cv_.notify_all();  // a Get may be waiting for this key
+    cv_.SignalAll();  // a Get may be waiting for this key
   }
 }
 
 std::unique_ptr<BlobBuffer> PrefetchingBlobStore::TakeCached(std::string_view key) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   // Fetching the key right now: wait for it rather than read it a second time. Queued and not
   // begun: the caller reads it now, and the worker need not.
-  cv_.wait(lock, [&] { return in_flight_ != key || stopping_; });
+  while (in_flight_ == key && !stopping_) cv_.Wait(&mu_);
   queue_.erase(std::remove(queue_.begin(), queue_.end(), key), queue_.end());
   auto it = cache_.find(std::string(key));
   if (it == cache_.end()) return nullptr;
@@ -111,24 +111,24 @@ Result<std::unique_ptr<BlobBuffer>> PrefetchingBlobStore::GetBuffer(std::string_
 
 Status PrefetchingBlobStore::Delete(std::string_view key) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     DropCachedLocked(std::string(key));
   }
   return backing_->Delete(key);
 }
 
 uint64_t PrefetchingBlobStore::hits() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return hits_;
 }
 
 size_t PrefetchingBlobStore::pending() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size() + (in_flight_.empty() ? 0 : 1);
 }
 
 size_t PrefetchingBlobStore::cached_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return cached_bytes_;
 }
 

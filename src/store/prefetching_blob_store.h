@@ -3,15 +3,14 @@
 // finds them in memory instead of waiting on the store.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "store/blob_store.h"
 
 namespace nbos::store {
@@ -25,10 +24,10 @@ class PrefetchingBlobStore final : public BlobStore {
   // Fetches `keys` in the background, in order. Thread-safe; returns at once. Invalid or
   // missing keys are skipped (the later Get reports them), and so are keys already fetched,
   // queued or being fetched: a blob asked for twice is fetched once.
-  void Prefetch(const std::vector<std::string>& keys);
+  void Prefetch(const std::vector<std::string>& keys) EXCLUDES(mu_);
   // Drops `keys` from the queue and from memory, and a fetch of one of them under way is
   // discarded when it ends: blobs fetched on a hint that no delta took. Thread-safe.
-  void Forget(const std::vector<std::string>& keys);
+  void Forget(const std::vector<std::string>& keys) EXCLUDES(mu_);
 
   // A prefetched blob is served from memory once and then forgotten: each replica applies a
   // delta once. A key still queued leaves the queue: it is read now.
@@ -40,32 +39,33 @@ class PrefetchingBlobStore final : public BlobStore {
     return backing_->PutWithKey(key, data);
   }
   Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
-  Status Delete(std::string_view key) override;
+  Status Delete(std::string_view key) EXCLUDES(mu_) override;
   std::string Describe() const override { return backing_->Describe(); }
 
-  uint64_t hits() const;
+  uint64_t hits() const EXCLUDES(mu_);
   // Keys queued or being fetched now.
-  size_t pending() const;
-  size_t cached_bytes() const;
+  size_t pending() const EXCLUDES(mu_);
+  size_t cached_bytes() const EXCLUDES(mu_);
 
  private:
-  void Work();
+  // The thread: fetches queued keys, the lock let go of while the backing store reads.
+  void Work() EXCLUDES(mu_);
   // The prefetched buffer for `key` (waiting if it is being fetched now), or null.
-  std::unique_ptr<BlobBuffer> TakeCached(std::string_view key);
-  void DropCachedLocked(const std::string& key);
+  std::unique_ptr<BlobBuffer> TakeCached(std::string_view key) EXCLUDES(mu_);
+  void DropCachedLocked(const std::string& key) REQUIRES(mu_);
 
   std::unique_ptr<BlobStore> backing_;
   const size_t max_cached_bytes_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::string> queue_;     // guarded by mu_
-  std::string in_flight_;             // guarded by mu_: key being fetched now
-  bool in_flight_forgotten_ = false;  // guarded by mu_: discard in_flight_ when fetched
-  std::map<std::string, std::unique_ptr<BlobBuffer>> cache_;  // guarded by mu_
-  std::deque<std::string> cache_order_;                       // guarded by mu_: oldest first
-  size_t cached_bytes_ = 0;                                   // guarded by mu_
-  uint64_t hits_ = 0;                                         // guarded by mu_
-  bool stopping_ = false;                                     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::string> queue_ GUARDED_BY(mu_);
+  std::string in_flight_ GUARDED_BY(mu_);             // key being fetched now
+  bool in_flight_forgotten_ GUARDED_BY(mu_) = false;  // discard in_flight_ when fetched
+  std::map<std::string, std::unique_ptr<BlobBuffer>> cache_ GUARDED_BY(mu_);
+  std::deque<std::string> cache_order_ GUARDED_BY(mu_);  // oldest first
+  size_t cached_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t hits_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread worker_;
 };
 

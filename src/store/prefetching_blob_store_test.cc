@@ -4,10 +4,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "store/dir_blob_store.h"
 #include "store/testing.h"
 
@@ -38,29 +37,29 @@ class CountingStore final : public BlobStore {
     return backing_->PutWithKey(key, data);
   }
   Result<std::string> Get(std::string_view key) override { return backing_->Get(key); }
-  Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override {
+  Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) EXCLUDES(mu_) override {
     ++fetches;
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return !held_; });
+    MutexLock lock(&mu_);
+    while (held_) cv_.Wait(&mu_);
     return backing_->GetBuffer(key);
   }
   Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
   Status Delete(std::string_view key) override { return backing_->Delete(key); }
   std::string Describe() const override { return "counting"; }
-  void Hold(bool held) {
+  void Hold(bool held) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       held_ = held;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   std::atomic<int> fetches{0};
 
  private:
   std::unique_ptr<BlobStore> backing_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool held_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool held_ GUARDED_BY(mu_) = false;
 };
 
 std::unique_ptr<PrefetchingBlobStore> OpenCounting(const ScopedTempDir& dir,

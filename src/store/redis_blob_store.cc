@@ -348,7 +348,7 @@ std::string RedisBlobStore::ChunkRedisKey(std::string_view key, size_t index) {
 
 template <typename Op>
 auto RedisBlobStore::WithConnection(Op op) -> decltype(op(std::declval<Connection&>())) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SigpipeGuard no_sigpipe;
   for (int attempt = 0;; ++attempt) {
     bool reused = conn_ != nullptr;

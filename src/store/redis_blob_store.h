@@ -25,10 +25,10 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/thread_annotations.h"
 #include "store/blob_store.h"
 
 struct redisContext;
@@ -86,8 +86,8 @@ class RedisBlobStore final : public BlobStore {
 
   const RedisBlobStoreOptions options_;
   const std::string server_;  // "host:port", for messages
-  std::mutex mu_;
-  std::unique_ptr<Connection> conn_;  // guarded by mu_; null when not connected
+  Mutex mu_;
+  std::unique_ptr<Connection> conn_ GUARDED_BY(mu_);  // null when not connected
 };
 
 }  // namespace nbos::store

@@ -149,7 +149,7 @@ S3BlobStore::~S3BlobStore() {
 
 void* S3BlobStore::AcquireHandle() {
   {
-    std::lock_guard lock(handles_mu_);
+    MutexLock lock(&handles_mu_);
     if (!idle_handles_.empty()) {
       void* h = idle_handles_.back();
       idle_handles_.pop_back();
@@ -160,7 +160,7 @@ void* S3BlobStore::AcquireHandle() {
 }
 
 void S3BlobStore::ReleaseHandle(void* handle) {
-  std::lock_guard lock(handles_mu_);
+  MutexLock lock(&handles_mu_);
   idle_handles_.push_back(handle);
 }
 
@@ -299,13 +299,13 @@ Result<std::string> S3BlobStore::Upload(std::string_view object, std::string_vie
   const size_t parts = (data.size() + options_.part_bytes - 1) / options_.part_bytes;
   std::vector<std::string> etags(parts);
   std::atomic<size_t> next{0};
-  std::mutex mu;
+  Mutex mu;  // guards failed and etags, written by the workers
   Status failed = Status::Ok();
   auto work = [&] {
     for (size_t i = next++; i < parts; i = next++) {
       const std::string_view part = data.substr(i * options_.part_bytes, options_.part_bytes);
       auto etag = PutPart(object, upload_id, static_cast<int>(i + 1), part);
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (!etag.ok()) {
         if (failed.ok()) failed = etag.status();
         return;
@@ -373,7 +373,7 @@ Result<std::string> S3BlobStore::ReadOnce(std::string_view key) {
 Status S3BlobStore::ReadRanges(std::string_view object, size_t from, std::string* data) {
   const size_t ranges = (data->size() - from + options_.part_bytes - 1) / options_.part_bytes;
   std::atomic<size_t> next{0};
-  std::mutex mu;
+  Mutex mu;  // guards failed, written by the workers
   Status failed = Status::Ok();
   auto work = [&] {
     for (size_t i = next++; i < ranges; i = next++) {
@@ -386,7 +386,7 @@ Status S3BlobStore::ReadRanges(std::string_view object, size_t from, std::string
                        .out = data->data() + first});
       Status s = got.ok() && got->status == 404 ? NotFound("deleted while read")
                                                 : Check(got, "reading a range", {206});
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (!s.ok() && failed.ok()) failed = s;
       if (!failed.ok()) return;
     }

@@ -24,11 +24,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "store/blob_store.h"
 
 namespace nbos::store {
@@ -99,12 +99,12 @@ class S3BlobStore final : public BlobStore {
   Status ReadRanges(std::string_view object, size_t from, std::string* data);
   void RunParallel(size_t tasks, const std::function<void()>& work) const;
   std::string ObjectName(std::string_view key) const { return options_.prefix + std::string(key); }
-  void* AcquireHandle();
-  void ReleaseHandle(void* handle);
+  void* AcquireHandle() EXCLUDES(handles_mu_);
+  void ReleaseHandle(void* handle) EXCLUDES(handles_mu_);
 
   const S3BlobStoreOptions options_;
-  std::mutex handles_mu_;
-  std::vector<void*> idle_handles_;  // CURL*, guarded by handles_mu_
+  Mutex handles_mu_;
+  std::vector<void*> idle_handles_ GUARDED_BY(handles_mu_);  // CURL*
 };
 
 }  // namespace nbos::store

@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "store/testing.h"
 
 namespace nbos::store {
@@ -123,13 +123,13 @@ class ScriptedHttp {
     thread_.join();
   }
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::vector<std::string> methods() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> methods() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return methods_;
   }
 
  private:
-  void Serve() {
+  void Serve() EXCLUDES(mu_) {
     for (int fd; (fd = accept(listener_, nullptr, nullptr)) >= 0; close(fd)) {
       std::string request;
       char buf[4096];
@@ -140,7 +140,7 @@ class ScriptedHttp {
       // The body (a PUT's bytes) is not needed: the connection closes after the answer.
       int status;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         methods_.push_back(request.substr(0, request.find(' ')));
         status = statuses_[std::min(methods_.size(), statuses_.size()) - 1];
       }
@@ -157,8 +157,8 @@ class ScriptedHttp {
   int listener_ = -1;
   int port_ = 0;
   std::thread thread_;
-  std::mutex mu_;
-  std::vector<std::string> methods_;
+  Mutex mu_;
+  std::vector<std::string> methods_ GUARDED_BY(mu_);
 };
 
 S3BlobStoreOptions ScriptedOptions(const ScriptedHttp& server) {

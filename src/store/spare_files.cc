@@ -101,19 +101,19 @@ SpareFiles::SpareFiles(std::filesystem::path dir, SpareFilesOptions options)
 
 SpareFiles::~SpareFiles() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (refill_.joinable()) refill_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (SpareFile& spare : TakeAllLocked()) spare.Close();
 }
 
 std::optional<SpareFile> SpareFiles::Take(size_t bytes) {
   std::optional<SpareFile> taken;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     last_take_ms_ = SteadyNowMs();
     auto best = spares_.end();  // the smallest that fits
     for (auto it = spares_.begin(); it != spares_.end(); ++it) {
@@ -142,7 +142,7 @@ std::optional<SpareFile> SpareFiles::Take(size_t bytes) {
       wanted_.pop_front();
     }
   }
-  wake_.notify_one();
+  wake_.Signal();
   return taken;
 }
 
@@ -180,11 +180,11 @@ std::optional<SpareFile> SpareFiles::Allocate(size_t bytes) const {
 }
 
 void SpareFiles::RefillOnce(int64_t now_ms) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   if (now_ms - last_take_ms_ >= options_.idle_release_ms) {
     std::deque<SpareFile> idle = TakeAllLocked();
     wanted_.clear();
-    lock.unlock();
+    lock.Unlock();
     for (SpareFile& spare : idle) spare.Close();
     return;
   }
@@ -199,16 +199,16 @@ void SpareFiles::RefillOnce(int64_t now_ms) {
     }
     // Unmapping and allocating are the slow parts: not under the lock, which a put's Take needs
     // while this thread, at idle priority, may wait long for a core.
-    lock.unlock();
+    lock.Unlock();
     for (SpareFile& old : pushed_out) old.Close();
     std::optional<SpareFile> spare = Allocate(bytes);
-    lock.lock();
+    lock.Lock();
     if (!spare) continue;
     // Takes only free room; another RefillOnce (a test's, beside the thread) may have used it.
     if (spare_bytes_ + spare->allocated_bytes > options_.budget_bytes) {
-      lock.unlock();
+      lock.Unlock();
       spare->Close();
-      lock.lock();
+      lock.Lock();
       continue;
     }
     spares_.push_back(*spare);
@@ -221,20 +221,22 @@ void SpareFiles::RefillLoop() {
   // shared host the standbys verify a cell's blobs just after its puts, when the refill starts.
   const sched_param idle{};
   ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);  // a hint; failure is harmless
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (!stopping_) {
-    wake_.wait_for(lock, kIdleCheckInterval, [this] { return stopping_ || !wanted_.empty(); });
+    const auto idle_check = std::chrono::steady_clock::now() + kIdleCheckInterval;
+    while (!stopping_ && wanted_.empty() && wake_.WaitUntil(&mu_, idle_check)) {
+    }
     // Puts come in bursts (a cell's tensors, one after the other): allocating beside them would
     // take the cores their hashing needs, so the refill waits for a pause.
     for (int64_t quiet_ms = 0; !stopping_ && !wanted_.empty();) {
       quiet_ms = SteadyNowMs() - last_take_ms_;
       if (quiet_ms >= options_.refill_pause_ms) break;
-      wake_.wait_for(lock, std::chrono::milliseconds(options_.refill_pause_ms - quiet_ms));
+      wake_.WaitFor(&mu_, std::chrono::milliseconds(options_.refill_pause_ms - quiet_ms));
     }
     if (stopping_) break;
-    lock.unlock();
+    lock.Unlock();
     RefillOnce(SteadyNowMs());
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -244,12 +246,12 @@ std::deque<SpareFile> SpareFiles::TakeAllLocked() {
 }
 
 size_t SpareFiles::spare_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return spare_bytes_;
 }
 
 size_t SpareFiles::spare_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return spares_.size();
 }
 

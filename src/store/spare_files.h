@@ -35,16 +35,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace nbos::store {
 
@@ -81,33 +81,33 @@ class SpareFiles {
   SpareFiles& operator=(const SpareFiles&) = delete;
 
   // The caller owns the returned file (SpareFile::Close).
-  std::optional<SpareFile> Take(size_t bytes);
+  std::optional<SpareFile> Take(size_t bytes) EXCLUDES(mu_);
 
   // Makes the spares asked for so far (within the rules above) and drops idle ones; what the
   // refill thread does each time it wakes. `now_ms` on the steady clock.
-  void RefillOnce(int64_t now_ms);
+  void RefillOnce(int64_t now_ms) EXCLUDES(mu_);
 
-  size_t spare_bytes() const;
-  size_t spare_count() const;
+  size_t spare_bytes() const EXCLUDES(mu_);
+  size_t spare_count() const EXCLUDES(mu_);
 
   // What the default memory_headroom_bytes reads.
   static uint64_t MemoryHeadroomBytes();
 
  private:
-  void RefillLoop();
+  void RefillLoop() EXCLUDES(mu_);
   // Empties the spares (the caller closes them, outside mu_ where others may wait for it).
-  std::deque<SpareFile> TakeAllLocked();
+  std::deque<SpareFile> TakeAllLocked() REQUIRES(mu_);
   std::optional<SpareFile> Allocate(size_t bytes) const;
 
   const std::filesystem::path dir_;
   const SpareFilesOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<SpareFile> spares_;  // oldest first
-  std::deque<size_t> wanted_;     // sizes asked for by Take, oldest first
-  size_t spare_bytes_ = 0;
-  int64_t last_take_ms_ = 0;
+  mutable Mutex mu_;
+  CondVar wake_;
+  std::deque<SpareFile> spares_ GUARDED_BY(mu_);  // oldest first
+  std::deque<size_t> wanted_ GUARDED_BY(mu_);     // sizes asked for by Take, oldest first
+  size_t spare_bytes_ GUARDED_BY(mu_) = 0;
+  int64_t last_take_ms_ GUARDED_BY(mu_) = 0;
   // Written under mu_ (for wake_); read without it by Allocate, which stops touching pages.
   std::atomic<bool> stopping_{false};
   std::thread refill_;

@@ -1,7 +1,8 @@
 """The Kubernetes manifests (deploy/kubernetes, kustomize) render, hang together, and use flags
 `nbos` accepts: the gateway's RBAC lets its host provider manage daemon Pods, every Secret and
 ConfigMap a Pod mounts is the one the guide says to create or the kustomization generates, and
-the daemon Pod template asks for a GPU and names itself after its Pod."""
+the daemon Pod template asks for a GPU, names itself after its Pod and mounts the shared
+workspace (a ReadWriteMany claim) at the path the gateway exports."""
 
 import json
 import os
@@ -71,6 +72,14 @@ def test_the_manifests_render_and_hang_together():
     for v in template["spec"]["volumes"]:
         if "secret" in v:
             assert v["secret"]["secretName"] in GUIDE_SECRETS, v
+    # The workspace: one ReadWriteMany claim, mounted by every daemon where the gateway says.
+    workspace = next(v for v in template["spec"]["volumes"] if v["name"] == "workspace")
+    claim = next(d for d in by_kind(docs, "PersistentVolumeClaim")
+                 if d["metadata"]["name"] == workspace["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"], claim
+    root = args["workspace-root"]
+    assert f"--workspace-root={root}" in daemon["args"]
+    assert {"name": "workspace", "mountPath": root} in daemon["volumeMounts"]
     for e in daemon["env"]:
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         if ref:

@@ -97,6 +97,12 @@ class Cluster(ClusterApi):
 
     def __init__(self, hosts=4, gpus_per_host=2, extra=(), env=None):
         self.state_dir = tempfile.mkdtemp(prefix="nbos-up-")
+        # Kernels run in a workspace of the test's own (nbos up's default is its current
+        # directory), unless the test names one.
+        self.workspace = None
+        if "--workspace-root" not in extra and "--frontend" not in extra:
+            self.workspace = tempfile.mkdtemp(prefix="nbos-workspace-")
+            extra = ("--workspace-root", self.workspace, *extra)
         self.proc = subprocess.Popen(
             [nbos_bin(), "up", "--hosts", str(hosts), "--gpus-per-host", str(gpus_per_host),
              "--port", "0", "--state-dir", self.state_dir, "--log-level", "info", *extra],
@@ -127,6 +133,8 @@ class Cluster(ClusterApi):
         # on the machine would remove them): they go here instead.
         for root in raft_log_roots(self.state_dir):
             shutil.rmtree(root, ignore_errors=True)
+        if self.workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
         return self.proc.returncode
 
 
@@ -164,6 +172,9 @@ def users_cluster(users, extra=(), **kwargs):
     try:
         c = Cluster(extra=("--users", f.name, *extra), **kwargs)
         c.users_file = f.name
+        for name in users:  # each user's kernels run in their own part of the workspace
+            if c.workspace:
+                os.makedirs(os.path.join(c.workspace, name), exist_ok=True)
         try:
             yield c
         finally:
@@ -180,7 +191,9 @@ class JupyterServer:
     def __init__(self, cluster, config=None):
         self.port = free_port()
         self.token = uuid.uuid4().hex
-        self.root = tempfile.mkdtemp(prefix="nbos-jupyter-root-")
+        # Its notebooks live in the cluster's workspace, as the kernels must run there.
+        self.root = tempfile.mkdtemp(prefix="nbos-jupyter-root-",
+                                     dir=getattr(cluster, "workspace", None))
         env = dict(os.environ)
         env["JUPYTER_CONFIG_DIR"] = tempfile.mkdtemp(prefix="nbos-jupyter-config-")
         env["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="nbos-jupyter-runtime-")
@@ -394,7 +407,8 @@ class Processes:
         LOG_ROOTS.append(self.root)
 
     def start(self, name, *args, prefix=()):
-        log = open(os.path.join(self.root, f"{name}.log"), "w")
+        # Appended to: a process restarted under the same name keeps what the one before it said.
+        log = open(os.path.join(self.root, f"{name}.log"), "a")
         p = subprocess.Popen([*prefix, nbos_bin(), *args], stdout=subprocess.PIPE, stderr=log,
                              text=True)
         self.procs.append(p)

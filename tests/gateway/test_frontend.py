@@ -11,8 +11,8 @@ import urllib.request
 from cluster import Cluster, KernelSocket, rest_call, wait_answering
 
 
-def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up():
-    c = Cluster(hosts=3, gpus_per_host=1, extra=("--frontend",))
+def test_the_frontend_runs_a_python3_notebook_and_stops_with_nbos_up(tmp_path):
+    c = Cluster(hosts=3, gpus_per_host=1, extra=("--frontend", "--frontend-dir", str(tmp_path)))
     frontend_pid = None
     try:
         line = c.proc.stdout.readline()

@@ -264,11 +264,13 @@ def test_kernels_start_from_warm_replica_processes(cluster):
         for target in (1, 2, 3):
             reply, iopub = ks.execute(
                 "import os\nprint(os.environ['NBOS_KERNEL_ID'], os.environ['NBOS_REPLICA_ID'],"
-                " os.environ.get('KERNEL_MARK'), os.path.basename(os.getcwd()))",
+                " os.environ.get('KERNEL_MARK'), os.getcwd())",
                 metadata={"nbos": {"target_replica": target}})
             assert reply["content"]["status"] == "ok"
             text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
-            assert text == f"{kernel_id} {target} warm {kernel_id}-{target}\n"
+            # A promoted warm process runs in its kernel's workspace, as a cold one would.
+            workspace = os.path.realpath(cluster.workspace)
+            assert text == f"{kernel_id} {target} warm {workspace}\n"
         ks.close()
         deadline = time.time() + 60
         while not all(w["ready"] == w["target"] for w in warm_pools().values()):

@@ -77,7 +77,7 @@ def test_a_cut_off_server_executes_nothing_and_the_kernel_is_whole_after_the_cut
     c.net.cut(cut_host)
     reply, _ = ks.execute(mark(marks, "c2"))
     if reply["content"]["status"] != "ok":
-        assert reply["content"]["ename"] == "ExecutorLost", reply["content"]
+        assert reply["content"]["ename"] == "CellCancelled", reply["content"]
         assert "did not run" in reply["content"]["evalue"], reply["content"]
         reply, _ = ks.execute(mark(marks, "c2"))
         assert reply["content"]["status"] == "ok", reply["content"]

@@ -1,8 +1,8 @@
 """Replicas are sandboxed: on `nbos up` (run as root, so with per-kernel user ids and cgroups),
 a cell of alice's kernel tries to reach bob's kernel and the cluster's state: bob's replica
 directories, /proc/<pid>/environ of bob's replicas, the gateway's database, the cluster
-credential, the blob store's listing, signalling bob's replicas. Everything fails, and bob's
-kernel keeps its state. A cell allocating more memory than its kernel subscribed (KERNEL_MEMORY)
+credential, the blob store's listing, signalling bob's replicas, bob's part of the workspace and
+bob's /tmp. Everything fails, and bob's kernel keeps its state. A cell allocating more memory than its kernel subscribed (KERNEL_MEMORY)
 is stopped with an error saying so, and the other kernels on those servers keep running."""
 
 import glob
@@ -41,16 +41,19 @@ def run(ks, code):
 
 
 def replica_pids(kernel_id):
-    """Host pids of a kernel's replica processes (as root): those running in its directories."""
+    """Host pids of a kernel's replica processes (as root): those writing to its replica logs
+    (they run in the kernel's workspace, not in their replica directories)."""
     pids = []
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            cwd = os.readlink(f"/proc/{p}/cwd")
+            files = [os.readlink(f"/proc/{p}/fd/{fd}") for fd in os.listdir(f"/proc/{p}/fd")]
         except OSError:
             continue
-        if argv[1:2] == [b"replica"] and os.path.basename(cwd).startswith(kernel_id + "-"):
+        if argv[1:2] == [b"replica"] and any(
+                f.endswith("/replica.log") and
+                os.path.basename(os.path.dirname(f)).startswith(kernel_id + "-") for f in files):
             pids.append(int(p))
     return pids
 
@@ -145,5 +148,42 @@ def test_a_cell_over_its_memory_is_stopped_with_a_clear_error_and_neighbours_run
     logs = "".join(open(p).read() for p in glob.glob(f"{c.state_dir}/logs/host-*.log"))
     assert "out of memory" in logs
     for ks, kid, user in ((hog, hog_id, "alice"), (bob, bob_id, "bob")):
+        ks.close()
+        assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204
+
+
+WORKSPACE_PROBE = r'''
+import json, os
+seen = {"cwd": os.getcwd(), "root": sorted(os.listdir(ROOT))}
+for name, path in (("bob's notes", ROOT + "/bob/notes.txt"), ("bob's tmp", "/tmp/bob.txt")):
+    try:
+        seen[name] = "read: " + open(path).read()
+    except OSError as e:
+        seen[name] = type(e).__name__
+print(json.dumps(seen))
+'''
+
+
+def test_a_user_sees_only_their_own_part_of_the_workspace_and_their_own_tmp(cluster):
+    c = cluster
+    root = os.path.realpath(c.workspace)
+    bob_id, bob = start(c, "bob")
+    content, text = run(bob, "import os\nopen('notes.txt', 'w').write('for bob')\n"
+                             "open('/tmp/bob.txt', 'w').write('bob tmp')\nprint(os.getcwd())")
+    assert content["status"] == "ok" and text == f"{root}/bob\n", (content, text)
+    alice_id, alice = start(c, "alice")
+    content, text = run(alice, f"ROOT = {root!r}\n" + WORKSPACE_PROBE)
+    assert content["status"] == "ok", content
+    assert json.loads(text) == {"cwd": f"{root}/alice", "root": ["alice"],
+                                "bob's notes": "FileNotFoundError",
+                                "bob's tmp": "FileNotFoundError"}, text
+    status, body = rest_call(c.url, TOKENS["alice"], "POST", "/api/kernels", {
+        "name": "nbos", "env": {"KERNEL_WORKING_DIR": f"{root}/bob"}})
+    assert status == 400 and f"{root}/alice" in body["message"], (status, body)
+    # An admin's kernel sees the whole workspace.
+    ops_id, ops = start(c, "ops")
+    content, text = run(ops, f"import os\nprint(sorted(os.listdir({root!r})))")
+    assert content["status"] == "ok" and {"alice", "bob"} <= set(eval(text)), (content, text)
+    for ks, kid, user in ((alice, alice_id, "alice"), (bob, bob_id, "bob"), (ops, ops_id, "ops")):
         ks.close()
         assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204

@@ -179,6 +179,31 @@ def x_on_every_replica(c, ks, kid):
     return values
 
 
+def test_a_server_restarted_at_once_has_its_replicas_replaced(cluster):
+    """A server goes down with its replicas and its daemon is started again before the gateway
+    misses a heartbeat: the daemon starts empty (a restarted daemon forgets its replicas and
+    their logs), so the kernel's replica there is gone for good. The gateway sees it missing from
+    the server's reports and replaces it, instead of counting it unreachable for ever."""
+    c = cluster
+    kid, ks, kernel = kernel_with_state(c)
+    first = {r["server_id"]: r["replica_id"] for r in kernel["replicas"]}
+    restarted = sorted(first)[0]
+    host = int(restarted.split("-")[1])
+    c.kill_host(host)
+    c.start_daemon(host)
+    deadline = time.time() + 90
+    while True:
+        kernel, _ = kernel_view(c, kid)
+        healed = {r["replica_id"]: r for r in kernel["replicas"]}
+        if (first[restarted] not in healed and len(healed) == 3
+                and all(r["state"] == "live" and r["reachable"] for r in healed.values())):
+            break
+        assert time.time() < deadline, f"the forgotten replica was not replaced: {kernel}"
+        time.sleep(0.2)
+    digests = digests_by_replica(ks, healed)
+    assert set(digests.values()) == {expected_digest()}, digests
+
+
 @pytest.mark.parametrize("frozen", ["standbys", "executor"])
 def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, frozen):
     """Two of three servers stop answering (SIGSTOP) just before a cell is sent. The gateway's
@@ -199,7 +224,8 @@ def test_frozen_servers_give_a_clear_error_then_the_kernel_resumes(cluster, froz
         print(f"answer of a cell sent as 2 of 3 servers froze ({frozen}): "
               f"{time.time() - sent:.2f} s")
         assert reply["content"]["status"] == "error", reply["content"]
-        assert reply["content"]["ename"] == "ReplicasUnavailable", reply["content"]
+        ename = "ReplicasUnavailable" if frozen == "standbys" else "ExecutorLost"
+        assert reply["content"]["ename"] == ename, reply["content"]
         assert "2 of 3 replicas" in reply["content"]["evalue"], reply["content"]
         expected = "did not run" if frozen == "standbys" else "not known"
         assert expected in reply["content"]["evalue"], reply["content"]
@@ -253,6 +279,76 @@ def test_standbys_frozen_mid_cell_leave_the_kernel_at_its_last_completed_cell(cl
     assert reply["content"]["ename"] == "ReplicationError", reply["content"]
     assert "went back to the state of the last completed cell" in reply["content"]["evalue"]
     assert x_on_every_replica(c, ks, kid) == {"41"}
+    ks.close()
+
+
+def test_an_executor_frozen_mid_cell_is_answered_for_and_its_late_effects_change_nothing(cluster):
+    """The executor's server freezes (SIGSTOP) while a cell runs and the other two answer: the
+    gateway's heartbeats notice within about a second, and the standbys answer for the cell
+    through the log (whether it ran is not known), long before the server's loss would be
+    declared. The next cell runs on a standby. Thawed, the executor finishes its cell, and its
+    effects reach the log after the next cell's: they are discarded everywhere, so the next
+    cell's x stays on every replica."""
+    c = cluster
+    kid, ks, executor, host = kernel_with_x(c)
+    msg_id = ks.send("execute_request", {
+        "code": "import time\ntime.sleep(1.5)\nx = 42", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    time.sleep(0.5)
+    try:
+        c.signal_host(host[executor], signal.SIGSTOP)
+        sent = time.time()
+        reply, _ = ks.wait_for(msg_id)
+        print(f"answer of a cell whose executor froze: {time.time() - sent:.2f} s")
+        assert reply["content"]["ename"] == "ExecutorLost", reply["content"]
+        assert "not known" in reply["content"]["evalue"], reply["content"]
+        assert "stopped answering the gateway's heartbeats" in reply["content"]["evalue"]
+        reply, _ = ks.execute("x = 50")
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert reply["metadata"]["nbos"]["executor"] != executor, reply["metadata"]
+    finally:
+        c.signal_host(host[executor], signal.SIGCONT)
+    assert x_on_every_replica(c, ks, kid) == {"50"}
+    ks.close()
+
+
+def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluster):
+    """A standby's server restarts, without its replicas; the replacement joins the kernel's
+    Raft group and the migration waits for the running cell before it lets the lost one go. The gateway is killed
+    then, before it recorded the new member. Restarted, it does not know that replica: it takes
+    it out of the Raft group before it stops it, and the lost one leaves the group before its
+    next replacement joins. So the kernel, whole again, still runs cells with one more server
+    frozen; a group that kept a dead voter would have no majority left."""
+    c = cluster
+    kid, ks, executor, host = kernel_with_x(c)
+    lost = next(rid for rid in sorted(host) if rid != executor)
+    ks.send("execute_request", {
+        "code": "import time\ntime.sleep(25)", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    time.sleep(0.5)
+    c.kill_host(host[lost])
+    c.start_daemon(host[lost])  # it starts empty: the replica there is gone for good
+    deadline = time.time() + 60
+    while not any(r["state"] == "joining" for r in kernel_view(c, kid)[0]["replicas"]):
+        assert time.time() < deadline, kernel_view(c, kid)[0]
+        time.sleep(0.1)
+    time.sleep(8)  # the new member joins; the migration then waits for the cell to end
+    ks.close()
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    replicas = wait_whole(c, kid, set(), set(), timeout=150)
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 50")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    current = reply["metadata"]["nbos"]["executor"]
+    frozen = int(next(r["server_id"] for rid, r in sorted(replicas.items())
+                      if rid != current).split("-")[1])
+    try:
+        c.signal_host(frozen, signal.SIGSTOP)
+        reply, _ = ks.execute("x += 1", metadata={"nbos": {"target_replica": current}})
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        c.signal_host(frozen, signal.SIGCONT)
     ks.close()
 
 

@@ -8,6 +8,13 @@ compared cell by cell, so every cell must be deterministic *on ipykernel*. In pa
     ipykernel, so such cells sleep briefly to let it arrive before the next write or the end of
     the cell;
   * cells expected to fail carry the `raises-exception` tag so that nbclient goes on.
+
+The replicated run (executor rotating every cell) may differ from ipykernel only where a cell
+says so, for the documented unreplicable objects (generators, iterators, open files...):
+  * `nbos-unreplicable`: the cell binds one; the executor reports it on stderr
+    ("nbos: cannot replicate ...");
+  * `nbos-not-replicated`: the cell uses one on another replica; it fails with
+    NotReplicatedError, which names it.
 """
 
 import pathlib
@@ -17,6 +24,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = pathlib.Path(__file__).resolve().parent
 RAISES = "raises-exception"
+UNREPLICABLE = "nbos-unreplicable"
+NOT_REPLICATED = "nbos-not-replicated"
 
 
 def cell(source, *tags):
@@ -121,6 +130,19 @@ sys.stdout.write('written\\n')
     cell("type(get_ipython()).__name__"),
     cell("help(len)"),
     cell("import logging\nlogging.warning('a logged warning')"),
+    cell("""
+class Noisy:
+    # Warns when it is rebuilt from a pickle, as some libraries' objects do: the other replicas
+    # rebuild it, and what they print must not reach any cell's output.
+    def __setstate__(self, state):
+        warnings.warn('rebuilt from a pickle')
+        self.__dict__.update(state)
+
+noisy = Noisy()
+noisy.n = 1
+"""),
+    cell("noisy.n += 1\nnoisy.n"),
+    cell("noisy.n"),
 ])
 
 
@@ -397,7 +419,7 @@ libc = ctypes.CDLL(None)
 libc.puts(b'from libc puts')
 libc.fflush(None)
 time.sleep(0.5)
-"""),
+""", UNREPLICABLE),
     cell("""
 print('py 1')
 sys.stdout.flush()
@@ -450,4 +472,138 @@ round(loss.item(), 3)
     cell("model"),
     cell("torch.ones(2) @ torch.ones(3)", RAISES),
     cell("torch.tensor([1.5, 2.5], requires_grad=True) * 2"),
+])
+
+
+write("workspace_files", "Files beside the notebook, written and read by later cells", [
+    cell("""
+import csv, os
+with open('data.csv', 'w', newline='') as f:
+    csv.writer(f).writerows([['a', 'b'], [1, 2], [3, 4], [5, 6]])
+os.path.getsize('data.csv')
+"""),
+    cell("""
+import pandas as pd
+df = pd.read_csv('data.csv')
+df['c'] = df.a * df.b
+df.to_csv('out.csv', index=False)
+df
+"""),
+    cell("print(open('out.csv').read())"),
+    cell("import numpy as np\nnp.save('arr.npy', np.arange(6).reshape(2, 3))"),
+    cell("np.load('arr.npy').sum(axis=0)"),
+    cell("""
+import torch
+torch.manual_seed(1)
+net = torch.nn.Linear(3, 2)
+torch.save(net.state_dict(), 'ckpt.pt')
+"""),
+    cell("""
+restored = torch.nn.Linear(3, 2)
+restored.load_state_dict(torch.load('ckpt.pt'))
+print([torch.equal(a, b) for a, b in zip(net.parameters(), restored.parameters())])
+"""),
+    cell("os.makedirs('sub', exist_ok=True)\n%cd sub"),
+    cell("open('notes.txt', 'w').write('written in sub')"),
+    cell("%cd ..\nprint(os.path.isdir('sub'), open('sub/notes.txt').read())"),
+    cell("""
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([1, 2, 3])
+fig.savefig('fig.png')
+plt.close(fig)
+"""),
+    cell("os.path.getsize('fig.png') > 1000"),
+    cell("""
+import pathlib, tempfile
+with tempfile.TemporaryDirectory() as tmp:
+    scratch = pathlib.Path(tmp, 'x.txt')
+    scratch.write_text('scratch space')
+    print(scratch.read_text())
+"""),
+])
+
+
+write("local_modules", "The notebook's own modules: imported, changed, edited, reloaded", [
+    cell("""
+%%writefile helpers.py
+count = 0
+def bump(k=1):
+    global count
+    count += k
+    return count
+def greet(name):
+    return f'hello {name}'
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def norm2(self):
+        return self.x ** 2 + self.y ** 2
+"""),
+    cell("import helpers\nfrom helpers import greet, Point\nprint(greet('nbos'), helpers.bump())"),
+    cell("print(helpers.bump(2), helpers.count)"),
+    cell("helpers.count = 100\np = Point(3, 4)\nprint(helpers.bump())"),
+    cell("print(p.norm2(), isinstance(p, helpers.Point))"),
+    cell("""
+%%writefile helpers.py
+count = 0
+def bump(k=1):
+    global count
+    count += 10 * k
+    return count
+def greet(name):
+    return f'hi {name}'
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def norm2(self):
+        return abs(self.x) + abs(self.y)
+"""),
+    cell("print(greet('x'), helpers.greet('x'), helpers.bump(), p.norm2())"),
+    cell("import importlib\nimportlib.reload(helpers)\nprint(helpers.greet('x'), greet('x'))"),
+    cell("print(helpers.bump(), helpers.count, p.norm2(), Point(1, 1).norm2())"),
+    cell("""
+import os
+os.makedirs('mypkg', exist_ok=True)
+open('mypkg/__init__.py', 'w').write('from .core import area\\n')
+open('mypkg/core.py', 'w').write('import math\\ndef area(r):\\n    return round(math.pi * r * r, 3)\\n')
+"""),
+    cell("from mypkg import area\nimport mypkg.core\nprint(area(2), mypkg.core.area(1))"),
+    cell("print(mypkg.area(3), area is mypkg.core.area)"),
+])
+
+
+write("process_state", "Random streams and library settings set in one cell, used in the next", [
+    cell("import random\nrandom.seed(7)\nrandom.random()"),
+    cell("(random.random(), random.randint(0, 1000), random.gauss(0, 1))"),
+    cell("import numpy as np\nnp.random.seed(7)\nnp.random.rand(3)"),
+    cell("(np.random.randn(2), np.random.randint(100))"),
+    cell("import torch\ntorch.manual_seed(0)\ntorch.rand(2)"),
+    cell("(torch.rand(2), torch.initial_seed())"),
+    cell("np.set_printoptions(precision=2, suppress=True)\nprint(np.array([1 / 3, 2 / 3, 1e-9]))"),
+    cell("print(np.array([1 / 3, 2 / 3]))"),
+    cell("""
+import pandas as pd
+pd.set_option('display.max_rows', 4)
+pd.set_option('display.precision', 2)
+"""),
+    cell("pd.DataFrame({'x': np.arange(10) / 3})"),
+    cell("import matplotlib\nmatplotlib.rcParams['lines.linewidth'] = 3.5"),
+    cell("matplotlib.rcParams['lines.linewidth']"),
+    cell("import logging\nlogging.getLogger('nbos.demo').setLevel(logging.ERROR)"),
+    cell("""
+demo = logging.getLogger('nbos.demo')
+(demo.getEffectiveLevel(), demo.isEnabledFor(logging.WARNING),
+ logging.getLogger('nbos.demo.child').getEffectiveLevel())
+"""),
+    cell("import warnings\nwarnings.filterwarnings('error', category=UserWarning)"),
+    cell("warnings.warn('filtered into an error')", RAISES),
+    cell("import sys\nsys.setrecursionlimit(2345)"),
+    cell("sys.getrecursionlimit()"),
+    cell("torch.set_num_threads(1)\ntorch.use_deterministic_algorithms(True)"),
+    cell("(torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())"),
+    cell("squares = (i * i for i in range(5))\nnext(squares)", UNREPLICABLE),
+    cell("next(squares)", NOT_REPLICATED),
 ])

@@ -1,8 +1,11 @@
 """Differential notebook tests: every notebook here runs on nbos and on ipykernel, and the
-outputs must agree cell by cell.
+outputs must agree cell by cell. nbos runs twice: as the standalone kernel (`nbos kernel`), and
+as a replicated kernel on `nbos up` (through the relay kernelspec) with the executor rotating
+every cell (metadata nbos.target_replica 1, 2, 3, 1, ...), so that each cell runs on another
+replica than the cell before, as after a migration or a failover.
 
-Both kernels execute the same notebook through nbclient at the same time (each in its own
-temporary working directory). The comparison covers each code cell's final outputs (after
+The kernels execute the same notebook through nbclient at the same time (each in its own
+temporary working directory; the replicated kernel's lies in the cluster's workspace). The comparison covers each code cell's final outputs (after
 nbclient applied clear_output and update_display_data), its execution_count, and the parts of the
 execute_reply a frontend acts on (status, ename, evalue, execution_count, payload).
 
@@ -16,13 +19,21 @@ Normalisation removes only what legitimately differs between two runs or two pro
     nbos engine), e.g. where input() raises StdinNotImplementedError; the entry must still be
     there, in the same place;
   * PNG bytes, reduced to the image's width x height (the encoder output is not compared);
+  * in a traceback, the background colour with which IPython (stack_data) marks the expression
+    a frame was evaluating, where it can tell which one: whether it can for a library's frame
+    called by a class rebuilt on another replica differs, the frame's text does not;
   * the order of stdout and stderr *within one run of consecutive stream outputs*: ipykernel
     flushes each stream on its own 200 ms timer and stdout first at the end of a cell, so the
     interleaving of the two streams is not defined by the reference kernel. The text of each
     stream, and the position of stream text relative to every other output, is compared exactly.
 Consecutive stream outputs of one name are merged, since kernels may split text differently.
 
-Set NBOS_DIFF_DUMP=DIR to write the executed notebooks of both kernels there for inspection.
+The replicated run may differ from ipykernel only in cells tagged for the documented
+unreplicable objects (make_notebooks.py): `nbos-unreplicable` cells may add the executor's
+"nbos: cannot replicate ..." lines on stderr; `nbos-not-replicated` cells must fail with
+NotReplicatedError.
+
+Set NBOS_DIFF_DUMP=DIR to write the executed notebooks of every kernel there for inspection.
 """
 
 import asyncio
@@ -34,6 +45,8 @@ import pathlib
 import re
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 
 import nbformat
@@ -41,10 +54,17 @@ import pytest
 from nbclient import NotebookClient
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "gateway"))
+from cluster import Cluster  # noqa: E402
+
 NOTEBOOKS = sorted(HERE.glob("*.ipynb"))
-KERNELS = ("nbos", "python3")  # python3 is ipykernel's system-wide kernelspec: the reference
+# python3 is ipykernel's system-wide kernelspec: the reference.
+KERNELS = ("nbos", "nbos-replicated", "python3")
+REPLICATED = "nbos-replicated"
 CELL_TIMEOUT = 120
 RAISES = "raises-exception"
+UNREPLICABLE = "nbos-unreplicable"
+NOT_REPLICATED = "nbos-not-replicated"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,25 +72,64 @@ RAISES = "raises-exception"
 
 
 class RecordingClient(NotebookClient):
-    """Keeps each code cell's execute_reply content."""
+    """Keeps each code cell's execute_reply content; with `rotate`, sends each cell to the
+    replica after the one that ran the cell before (nbos.target_replica)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, rotate=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.replies = {}
         self.on_cell_executed = self._record_reply
+        if rotate:
+            self.on_cell_execute = self._choose_replica
 
     def _record_reply(self, cell, cell_index, execute_reply):
         self.replies[cell_index] = execute_reply["content"]
 
+    def _choose_replica(self, cell, cell_index):
+        self._target = cell_index % 3 + 1
+        channel = self.kc.shell_channel
+        if getattr(channel, "_nbos_send", None) is None:
+            channel._nbos_send = channel.send
 
-async def _run_one(path, kernel_name):
+            def send(msg):
+                if msg["header"]["msg_type"] == "execute_request":
+                    msg["metadata"].setdefault("nbos", {})["target_replica"] = self._target
+                return channel._nbos_send(msg)
+
+            channel.send = send
+
+
+@pytest.fixture(scope="module")
+def replicated_kernelspec():
+    """`nbos up` and the relay kernelspec REPLICATED for it (the kernel runs in the notebook's
+    directory, which lies in the cluster's workspace)."""
+    cluster = Cluster(hosts=3, gpus_per_host=1)
+    prefix = tempfile.mkdtemp(prefix="nbos-relay-kernelspec-")
+    try:
+        subprocess.run([os.environ.get("NBOS_BIN", "nbos"), "kernelspec", "install", "--prefix",
+                        prefix, "--name", REPLICATED, "--gateway", cluster.url, "--token",
+                        cluster.token, "--send-working-dir"], check=True,
+                       stdout=subprocess.DEVNULL)
+        share = os.path.join(prefix, "share", "jupyter")
+        old_path = os.environ.get("JUPYTER_PATH", "")
+        os.environ["JUPYTER_PATH"] = share + os.pathsep + old_path
+        yield cluster.workspace
+        os.environ["JUPYTER_PATH"] = old_path
+    finally:
+        assert cluster.stop() == 0
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+async def _run_one(path, kernel_name, workspace):
     nb = nbformat.read(str(path), as_version=4)
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix=f"nbdiff-{kernel_name}-"))
+    workdir = os.path.realpath(tempfile.mkdtemp(
+        prefix=f"nbdiff-{kernel_name}-", dir=workspace if kernel_name == REPLICATED else None))
     # allow_errors: every cell runs even if one fails unexpectedly; the status of each
     # execute_reply is compared, and the reference must fail only in tagged cells.
     client = RecordingClient(nb, kernel_name=kernel_name, timeout=CELL_TIMEOUT,
                              startup_timeout=60, allow_errors=True,
-                             resources={"metadata": {"path": workdir}})
+                             resources={"metadata": {"path": workdir}},
+                             rotate=kernel_name == REPLICATED)
     error = None
     try:
         await client.async_execute()
@@ -81,8 +140,8 @@ async def _run_one(path, kernel_name):
     return {"nb": nb, "replies": client.replies, "workdir": workdir, "error": error}
 
 
-async def _run_both(path):
-    results = await asyncio.gather(*(_run_one(path, k) for k in KERNELS))
+async def _run_all(path, workspace):
+    results = await asyncio.gather(*(_run_one(path, k, workspace) for k in KERNELS))
     return dict(zip(KERNELS, results))
 
 
@@ -107,6 +166,11 @@ _TEXT_RULES = [
 # A traceback entry for a frame inside the kernel's own code (e.g. where input() raises
 # StdinNotImplementedError): its file, line and source necessarily differ between kernels.
 _KERNEL_FRAME = re.compile(r'^\s*File (\x1b\[[0-9;]*m)?"?(\S*/ipykernel/|<nbos_engine>)')
+
+
+# The background colour (ANSI 43 on, 49 off) of an expression a traceback frame marks, alone or
+# after a foreground colour (`\x1b[38;5;28;43m`): the text stays, as do the foreground colours.
+_EXPRESSION_MARK = re.compile(r"\x1b\[4[39]m|;4[39](?=[;m])")
 
 
 def _normalise_text(text, workdir):
@@ -164,7 +228,8 @@ def _normalise_outputs(outputs, workdir):
         elif kind == "error":
             output["evalue"] = _normalise_text(output["evalue"], workdir)
             output["traceback"] = [
-                "<KERNEL FRAME>" if _KERNEL_FRAME.match(t) else _normalise_text(t, workdir)
+                "<KERNEL FRAME>" if _KERNEL_FRAME.match(t) else
+                _EXPRESSION_MARK.sub("", _normalise_text(t, workdir))
                 for t in output["traceback"]]
         result.append(output)
     end_stream_run()
@@ -223,13 +288,62 @@ def _dump(path, results):
             f.write(_show(_cells(result)))
 
 
+def _documented(got, tags, problems):
+    """The replicated run's cell with what a documented unreplicable object legitimately adds
+    taken out (tags: make_notebooks.py); None when it had to fail with NotReplicatedError and
+    did, so that nothing else is compared. A cell that should have shown either and did not is
+    a problem."""
+    reply = got["reply"] or {}
+    if NOT_REPLICATED in tags:
+        if reply.get("ename") == "NotReplicatedError" and "replica" in reply.get("evalue", ""):
+            return None
+        problems.append(f"--- cell {got['index']}: should fail with NotReplicatedError on "
+                        f"another replica, got {_show(reply)}\n{got['source']}")
+        return None
+    if UNREPLICABLE not in tags:
+        return got
+    outputs, reported = [], False
+    for o in got["outputs"]:
+        if o["output_type"] == "stream" and o["name"] == "stderr":
+            lines = o["text"].splitlines(keepends=True)
+            kept = [line for line in lines if not line.startswith("nbos: cannot replicate")]
+            reported = reported or len(kept) < len(lines)
+            if not kept:
+                continue
+            o = dict(o, text="".join(kept))
+        outputs.append(o)
+    if not reported:
+        problems.append(f"--- cell {got['index']}: the executor did not report the object it "
+                        f"cannot replicate\n{got['source']}")
+    return dict(got, outputs=outputs)
+
+
+def _differences(kernel, result, ref):
+    problems = []
+    if result["error"] is not None:
+        problems.append(f"{kernel} stopped the notebook:\n{result['error']}")
+    for got, want in zip(_cells(result), _cells(ref)):
+        if kernel == REPLICATED:
+            got = _documented(got, ref["nb"].cells[got["index"]].metadata.get("tags", []),
+                              problems)
+            if got is None:
+                continue
+        fields = [f for f in ("execution_count", "outputs", "reply") if got[f] != want[f]]
+        if fields:
+            problems.append(
+                f"--- cell {got['index']}: {', '.join(fields)} differ\n{got['source']}\n"
+                + "".join(f"  [{f}] {kernel}:\n{_show(got[f])}\n  [{f}] ipykernel:\n"
+                          f"{_show(want[f])}\n" for f in fields))
+    return [f"[{kernel}] {p}" for p in problems]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_matches_ipykernel(path, kernelspec_dir, monkeypatch):
+def test_notebook_matches_ipykernel(path, kernelspec_dir, replicated_kernelspec, monkeypatch):
     # ipykernel does not capture fds 1 and 2 (C code, subprocesses) when it sees this variable.
     monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
-    results = asyncio.run(_run_both(path))
+    results = asyncio.run(_run_all(path, replicated_kernelspec))
     _dump(path, results)
-    nbos, ref = results["nbos"], results["python3"]
+    ref = results["python3"]
 
     assert ref["error"] is None, f"the reference kernel (ipykernel) failed:\n{ref['error']}"
     for cell in _cells(ref):
@@ -238,16 +352,7 @@ def test_notebook_matches_ipykernel(path, kernelspec_dir, monkeypatch):
         assert failed == tagged, (
             f"{path.name} cell {cell['index']}: on ipykernel it {'fails' if failed else 'succeeds'}"
             f" but is {'' if tagged else 'not '}tagged {RAISES}:\n{cell['source']}")
-    problems = []
-    if nbos["error"] is not None:
-        problems.append(f"nbos stopped the notebook:\n{nbos['error']}")
-
-    for got, want in zip(_cells(nbos), _cells(ref)):
-        fields = [f for f in ("execution_count", "outputs", "reply") if got[f] != want[f]]
-        if fields:
-            problems.append(
-                f"--- cell {got['index']}: {', '.join(fields)} differ\n{got['source']}\n"
-                + "".join(f"  [{f}] nbos:\n{_show(got[f])}\n  [{f}] ipykernel:\n{_show(want[f])}\n"
-                          for f in fields))
-    assert not problems, (f"{path.name}: {len(problems)} cell(s) differ between nbos and "
-                          "ipykernel\n\n" + "\n".join(problems))
+    problems = _differences("nbos", results["nbos"], ref)
+    problems += _differences(REPLICATED, results[REPLICATED], ref)
+    assert not problems, (f"{path.name}: {len(problems)} cell(s) differ from ipykernel\n\n"
+                          + "\n".join(problems))

@@ -168,3 +168,26 @@ def test_ctrl_c_writes_the_notebook_and_deletes_the_kernel(cluster, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_notebook_runs_in_its_own_directory_with_send_working_dir(cluster):
+    """With --send-working-dir the kernel runs where the notebook lies (inside the gateway's
+    workspace): the data file beside it opens, and what a cell writes lands there."""
+    project = os.path.join(cluster.workspace, "project")
+    os.makedirs(project, exist_ok=True)
+    with open(os.path.join(project, "data.txt"), "w") as f:
+        f.write("beside the notebook")
+    nb = new_notebook(cells=[new_code_cell("print(open('data.txt').read())"),
+                             new_code_cell("open('result.txt', 'w').write('from the kernel')")])
+    path = os.path.join(project, "nb.ipynb")
+    nbformat.write(nb, path)
+    done = run(cluster, path, "--send-working-dir")
+    assert done.returncode == 0, done.stderr
+    executed = nbformat.read(os.path.join(project, "nb.nbos.ipynb"), as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "beside the notebook\n"
+    with open(os.path.join(project, "result.txt")) as f:
+        assert f.read() == "from the kernel"
+    # Without it the kernel runs in the workspace's root, as before.
+    done = run(cluster, path, "--allow-errors")
+    executed = nbformat.read(os.path.join(project, "nb.nbos.ipynb"), as_version=4)
+    assert executed.cells[0].outputs[0]["ename"] == "FileNotFoundError", done.stderr

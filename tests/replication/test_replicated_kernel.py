@@ -455,6 +455,57 @@ def test_executor_killed_mid_cell(group):
     group.assert_converged()
 
 
+def test_a_cell_the_log_cancelled_runs_nowhere_even_when_its_executor_comes_back(group):
+    """The executor is frozen before it reads the cell; the gateway, taking it for lost, tells
+    the standbys to cancel through the log. A CANCEL committed before any LEAD is a promise: the
+    standbys answer that the cell did not run, and the executor, thawed, reads the cell, finds
+    its election cancelled and does not run it either."""
+    check_cell(group.execute("counter = 10", 1), 1)
+    executor = group.replicas[1]
+    freeze([executor.proc.pid])
+    try:
+        exec_id, sent = group.send_execute("counter += 1", 1)
+        for rid in (2, 3):
+            group.replicas[rid].request("nbos_cancel_request",
+                                        {"exec_id": exec_id, "decide": True}, channel="control")
+        for rid, (r, _) in group.collect({2: sent[2], 3: sent[3]}).items():
+            assert r["content"]["ename"] == "CellCancelled", (rid, r["content"])
+            assert "did not run" in r["content"]["evalue"], (rid, r["content"])
+    finally:
+        executor.proc.send_signal(signal.SIGCONT)
+    reply, _ = group.collect({1: sent[1]})[1]
+    assert reply["content"]["ename"] == "CellCancelled", reply["content"]
+    results = group.execute("print(counter)", 2)
+    assert stream_text(check_cell(results, 2)[1]) == "10\n"
+    group.assert_converged()
+
+
+def test_an_executor_that_cannot_get_its_cell_elected_says_it_did_not_run_and_never_runs_it(group):
+    """Both standbys are frozen before the cell arrives: the executor's LEAD cannot commit, and
+    after its proposal times out it answers that the cell did not run. Once the standbys are
+    back the LEAD may well commit, but that request is done: no replica runs the cell."""
+    check_cell(group.execute("counter = 10", 1), 1)
+    standbys = [group.replicas[rid] for rid in (2, 3)]
+    freeze([r.proc.pid for r in standbys])
+    try:
+        exec_id, sent = group.send_execute("counter += 1", 1)
+        reply, _ = group.collect({1: sent[1]})[1]
+    finally:
+        for r in standbys:
+            r.proc.send_signal(signal.SIGCONT)
+    assert reply["content"]["ename"] == "ReplicasUnavailable", reply["content"]
+    assert "did not run" in reply["content"]["evalue"], reply["content"]
+    assert reply["metadata"]["nbos"]["role"] == "executor", reply["metadata"]
+    # The gateway's part: the standbys stop waiting for the executor's effects.
+    for rid in (2, 3):
+        group.replicas[rid].request("nbos_cancel_request", {"exec_id": exec_id},
+                                    channel="control")
+    group.collect({rid: sent[rid] for rid in (2, 3)})
+    results = group.execute("print(counter)", 2)
+    assert stream_text(check_cell(results, 2)[1]) == "10\n"
+    group.assert_converged()
+
+
 def test_an_executor_whose_effects_cannot_be_committed_goes_back_to_the_replicated_state(group):
     """The two standbys freeze (SIGSTOP) while a cell runs: it ends, but its effects cannot be
     committed. The executor answers so and drops them, so that once the standbys are back all
@@ -479,6 +530,39 @@ def test_an_executor_whose_effects_cannot_be_committed_goes_back_to_the_replicat
     group.assert_converged()
     results = group.execute("log.append(x)\nprint(x, log)", 1)
     assert stream_text(check_cell(results, 1)[1]) == "1 ['a', 1]\n"
+    group.assert_converged()
+
+
+def test_an_executor_cut_off_mid_cell_cannot_roll_back_the_cells_run_without_it(group):
+    """The executor freezes mid-cell; the standbys, told it is lost, answer "not known" and run
+    the next cells between them. Thawed, it finishes its cell and its effects reach the log after
+    theirs: computed on a namespace without those cells, they would overwrite them everywhere
+    (an acknowledged cell lost). The log discards them and the executor says so."""
+    check_cell(group.execute("L = [0]", 1), 1)
+    executor = group.replicas[1]
+    exec_id, sent = group.send_execute("import time\ntime.sleep(1.5)\nL.append(1)", 1)
+    time.sleep(0.5)
+    freeze([executor.proc.pid])
+    try:
+        for rid in (2, 3):
+            group.replicas[rid].request("nbos_cancel_request",
+                                        {"exec_id": exec_id, "decide": True}, channel="control")
+        for rid, (r, _) in group.collect({2: sent[2], 3: sent[3]}).items():
+            assert r["content"]["ename"] == "ExecutorLost", (rid, r["content"])
+            assert "not known" in r["content"]["evalue"], (rid, r["content"])
+        for seq in (2, 3):
+            _, later = group.send_execute(f"L.append({seq})", 2, replicas=[group.replicas[2],
+                                                                          group.replicas[3]])
+            check_cell(group.collect(later), 2)
+    finally:
+        executor.proc.send_signal(signal.SIGCONT)
+    reply, _ = group.collect({1: sent[1]})[1]
+    assert reply["content"]["ename"] == "ReplicationError", reply["content"]
+    assert "discarded on every replica" in reply["content"]["evalue"], reply["content"]
+    assert "not known" in reply["content"]["evalue"], reply["content"]
+    for rid in (1, 2, 3):
+        results = group.execute("print(L)", rid)
+        assert stream_text(check_cell(results, rid)[1]) == "[0, 2, 3]\n", rid
     group.assert_converged()
 
 
@@ -699,7 +783,8 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
 def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
     """Replica 3 reads a store without the executor's blobs, so it cannot apply the cell that
     made `a`. Elected next, it does not run the cell on the namespace that lacks `a` but says
-    why; once the blobs are there, it rebuilds its namespace from the log and runs the cell."""
+    why, and the other replicas, told through the log, answer the same at once; once the blobs
+    are there, it rebuilds its namespace from the log and runs the cell."""
     group = Group()
     try:
         lonely = os.path.join(group.dir, "replica-3-blobs")
@@ -708,17 +793,16 @@ def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
         group.replicas[3].store_url = "dir://" + lonely
         group.replicas[3].start()
         check_cell(group.execute("import numpy as np\na = np.arange(100_000.0)\nn = 1", 1), 1)
-        exec_id, sent = group.send_execute("n += 1\nprint(float(a.sum()), n)", 3)
+        _, sent = group.send_execute("n += 1\nprint(float(a.sum()), n)", 3)
         reply, outputs = group.collect({3: sent[3]})[3]
-        assert reply["content"]["ename"] == "ReplicationError", reply["content"]
+        assert reply["content"]["ename"] == "ReplicaOutOfSync", reply["content"]
         assert "could not apply an earlier cell's effects" in reply["content"]["evalue"]
-        assert "the cell did not run" in reply["content"]["evalue"]
+        assert "The cell did not run" in reply["content"]["evalue"]
+        assert reply["metadata"]["nbos"]["diverged"], reply["metadata"]
         assert stream_text(outputs) == ""
-        for rid in (1, 2):  # the gateway's part
-            group.replicas[rid].request("nbos_cancel_request", {"exec_id": exec_id},
-                                        channel="control")
         for rid, (r, _) in group.collect({1: sent[1], 2: sent[2]}).items():
-            assert r["content"]["ename"] == "ExecutorLost", (rid, r["content"])
+            assert r["content"]["ename"] == "ReplicaOutOfSync", (rid, r["content"])
+            assert "diverged" not in r["metadata"]["nbos"], (rid, r["metadata"])
         shutil.copytree(os.path.join(group.dir, "blobs"), lonely, dirs_exist_ok=True)
         _, outputs = check_cell(group.execute("n += 1\nprint(float(a.sum()), n)", 3), 3)
         assert stream_text(outputs) == "4999950000.0 2\n"

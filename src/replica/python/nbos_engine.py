@@ -128,6 +128,25 @@ def value_digest(value):
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _warnings_to_log():
+    """Warnings raised while this replica rebuilds values another replica bound (a __setstate__
+    that warns, a library's own) go to the replica's log: on its stderr they would reach a
+    cell's output, which only the executor writes. Only showwarning changes, not the filters:
+    the delta may set those (the process-state registry)."""
+    import warnings
+
+    def log(message, category, filename, lineno, file=None, line=None):
+        text = warnings.formatwarning(message, category, filename, lineno, line).strip()
+        _nbos.log_warning("nbos: while rebuilding another replica's values: " + text)
+
+    shown = warnings.showwarning
+    warnings.showwarning = log
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
 class OutStream:
     """sys.stdout/sys.stderr: text goes to the C++ stream buffer, which coalesces it."""
 
@@ -511,6 +530,11 @@ class GpuBinding:
         if torch is None or not self.ids:
             return
         torch.cuda.set_device(self.ids[0])
+        # The CUDA generator state the log brought (or this replica's, when the grant moved to
+        # another device) goes onto the device the cell will draw from.
+        process_state = sys.modules.get("nbos_state_process")
+        if process_state is not None:
+            process_state.bind_cuda_rng()
         device = torch.device("cuda", self.ids[0])
         for name in self._parked:
             value = user_ns.get(name)
@@ -590,6 +614,12 @@ _CHECKPOINT_MAGIC = b"NBCK"
 _STANDBY_HISTORY_BATCH = 32
 
 
+def _as_compiled(code):
+    """What IPython compiles of a cell that needs no transformation (most do not): itself, with a
+    final newline."""
+    return code if code.endswith("\n") else code + "\n"
+
+
 def _merge_side_effects(state, changes):
     """Folds one cell's side effects (see Engine._process_changes) into `state`, the sum of all
     before it, in the same shape: applying `state` alone has the effect of applying them all."""
@@ -661,6 +691,7 @@ class Engine:
         self._delta = None
         self._side_effects = None
         self._process_state = {}  # every side effect so far, merged (see _merge_side_effects)
+        self._standby_source = None  # the next Done's cell as compiled, when not _as_compiled
         self._handlers = {
             "execute_request": self.execute,
             "complete_request": self.complete,
@@ -748,7 +779,7 @@ class Engine:
             self.set_interruptible(False)
             builtins.input, getpass.getpass = saved_input, saved_getpass
             GPUS.release(shell.user_ns)
-        self._end_sync(sync_token)
+        self._end_sync(sync_token, result.result)
         GPUS.clear_environment()
 
         reply = {"execution_count": shell.execution_count - 1}
@@ -815,12 +846,13 @@ class Engine:
         # os.environ's encoded mapping: copied at C speed, decoded only where the cell changed it.
         self._process_before = (os.getcwd(), os.environ._data.copy(), list(sys.path))
         self._cell_code = code
+        self._cell_source = source
         return self.sync.begin(source)
 
-    def _end_sync(self, token):
+    def _end_sync(self, token, output):
         if self.sync is None:
             return
-        delta, not_replicated = self.sync.end(token)
+        delta, not_replicated = self.sync.end(token, output)
         for problem in not_replicated:
             print(problem.message(), file=sys.stderr)
         if self.sync.store_fallback is not None:
@@ -855,6 +887,8 @@ class Engine:
         replay = [m.group(0).strip() for m in self._REPLAYED.finditer(self._cell_code)]
         if replay:
             changes["replay"] = replay
+        if self._cell_source != _as_compiled(self._cell_code):
+            changes["source"] = self._cell_source  # for the standbys' compiler cache
         return changes
 
     def take_delta(self):
@@ -865,18 +899,42 @@ class Engine:
         changes, self._side_effects = self._side_effects, None
         return json.dumps(changes) if changes else ""
 
-    def apply_delta(self, delta):
-        self._report_unrebuilt(self.sync.apply(delta))
+    def apply_delta(self, delta, replaying=False):
+        """Applies another replica's delta; returns divergence(). The cell's output joins the
+        output history (Out, _, _N) as on the executor, unless `replaying` a journal (the
+        execution count does not follow the records then)."""
+        with _warnings_to_log():
+            self._report_unrebuilt(self.sync.apply(delta))
+        output = self.sync.take_output()
+        if output is not None and not replaying:
+            self.shell.displayhook.update_user_ns(output)
+        return self.divergence()
 
     @staticmethod
-    def _report_unrebuilt(names):
+    def _report_unrebuilt(problems):
         # Standbys publish nothing: this goes to the replica's log.
-        if names:
-            _nbos.log_warning("nbos: could not rebuild on this replica: " + ", ".join(names))
+        if problems:
+            _nbos.log_warning("nbos: could not rebuild on this replica: " +
+                              "; ".join(p.message() for p in problems))
+
+    def divergence(self):
+        """"" while this namespace holds every value the log bound; else which names could not be
+        rebuilt here, and why (for the replica's replies: it may not run cells)."""
+        unrebuilt = self.sync.unrebuilt if self.sync is not None else {}
+        if not unrebuilt:
+            return ""
+        import nbos_state_wire
+
+        shown = sorted(unrebuilt.items())[:5]
+        text = "; ".join(f"{nbos_state_wire.readable_name(name)} ({why})" for name, why in shown)
+        if len(unrebuilt) > len(shown):
+            text += f"; and {len(unrebuilt) - len(shown)} more"
+        return f"{len(unrebuilt)} name(s) could not be rebuilt on this replica: {text}"
 
     def apply_side_effects(self, changes_json):
         changes = json.loads(changes_json)
         _merge_side_effects(self._process_state, changes)
+        self._standby_source = changes.get("source")
         if "cwd" in changes:
             try:
                 os.chdir(changes["cwd"])
@@ -899,6 +957,7 @@ class Engine:
         """After the executor's delta: the execution count and input history it left."""
         meta = json.loads(meta_json)
         count = meta.get("execution_count") or 0
+        self._standby_source, source = None, self._standby_source
         if meta.get("store_history") and count:
             code = meta.get("code", "")
             shell = self.shell
@@ -911,6 +970,10 @@ class Engine:
                 hm.db_cache_size = max(each_cell, _STANDBY_HISTORY_BATCH)
                 _forget_history_from(hm, count)
                 hm.store_inputs(count, code, code)
+                # The cell's source under the name the executor compiled it with, so that
+                # tracebacks and inspect.getsource of the functions it defined read as there.
+                # (Transforming it here cost each standby a fifth of a millisecond per cell.)
+                shell.compile.cache(source or _as_compiled(code), count, raw_code=code)
             except Exception:
                 pass
             finally:
@@ -928,7 +991,8 @@ class Engine:
         return _CHECKPOINT_MAGIC + struct.pack("<I", len(state)) + state + snapshot
 
     def restore(self, checkpoint, records):
-        """Rebuilds the namespace: a checkpoint, then ("delta"|"side_effect", bytes) records."""
+        """Rebuilds the namespace: a checkpoint, then ("delta"|"side_effect", bytes) records.
+        Returns divergence()."""
         self._process_state = {}
         if checkpoint[:4] == _CHECKPOINT_MAGIC:
             (length,) = struct.unpack_from("<I", checkpoint, 4)
@@ -936,16 +1000,19 @@ class Engine:
             self.apply_side_effects(checkpoint[8:8 + length].decode())
             checkpoint = checkpoint[8 + length:]
         if checkpoint:
-            self._report_unrebuilt(self.sync.restore(checkpoint))
+            with _warnings_to_log():
+                self._report_unrebuilt(self.sync.restore(checkpoint))
         else:
             # No checkpoint yet: the state is the journal alone, replayed on an empty namespace
             # (this one may hold names the log does not, e.g. of a cell that could not commit).
             self.sync.reset()
         for kind, payload in records:
             if kind == "delta":
-                self.apply_delta(payload)
+                self.apply_delta(payload, replaying=True)
             else:
                 self.apply_side_effects(payload.decode())
+        self._standby_source = None  # of a replayed cell, which no Done follows here
+        return self.divergence()
 
     def complete(self, msg):
         from IPython.core.completer import provisionalcompleter, rectify_completions

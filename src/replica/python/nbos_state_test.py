@@ -11,6 +11,7 @@ import pickle
 import sys
 import traceback
 import types
+import warnings
 
 import pytest
 
@@ -802,8 +803,8 @@ def test_snapshot_restore_equals_incremental_and_keeps_tokens():
           "df = pd.DataFrame({'a': arr[:100]})\nclass K:\n    def __init__(self):\n"
           "        self.items = [arr]\nk = K()\nf = open(__import__('os').devnull)\n"
           "lst = [1, 2]; lst2 = lst")
-    c.ns["f"].close()
     snap = c.sync.snapshot()
+    c.ns["f"].close()
     assert [b[0] for b in describe(snap)["bad"]] == ["f"]
     ns = new_ns()
     ns["junk"] = "removed by restore"
@@ -1090,3 +1091,66 @@ def test_a_large_payload_goes_to_the_store():
     with pytest.raises(KeyError):
         StateSync(ns, HIDDEN, store).apply(d)
     assert "words" not in ns
+
+
+def test_a_closed_file_replicates_as_a_closed_file(tmp_path):
+    """`with open(...) as f:` leaves f bound to a closed file: nothing to report, and on a standby
+    it behaves as the closed file did."""
+    c = Cluster()
+    path = str(tmp_path / "data.txt")
+    d, problems = c.run(f"with open({path!r}, 'w') as f:\n    f.write('x')\nn = 1")
+    assert problems == [] and names_set(d) == ["f", "n"]
+    sb = c.sb["f"]
+    assert (sb.closed, sb.name, sb.mode) == (True, path, "w")
+    assert repr(sb) == repr(c.ns["f"])
+    for use in (lambda: sb.write("y"), lambda: sb.read(), lambda: next(iter(sb))):
+        with pytest.raises(ValueError, match="closed file"):
+            use()
+
+
+def test_an_alias_of_a_name_the_cell_mutated_then_rebound():
+    """`b = a`, then a cell mutates the object through `a` and rebinds `a`: only `b` still holds
+    the object, and the cell never read `b`."""
+    c = Cluster()
+    c.run("a = [1]\nb = a\nd = {'k': 1}\ne = d")
+    d, _ = c.run("a.append(2)\na = 0\ndel d['k']\ndel d")
+    assert names_set(d) == ["a", "b", "e"]
+    assert c.sb["b"] == [1, 2] and c.sb["e"] == {} and "d" not in c.sb
+    c.assert_in_sync()
+
+
+def test_the_cells_output_travels_with_it_for_the_output_history():
+    """Out[N] and _ on a standby are the executor's output, the same object as its name."""
+    c = Cluster()
+    c.run("x = [1, 2]")
+    cell = c.sync.begin("x")
+    delta, problems = c.sync.end(cell, output=c.ns["x"])
+    assert problems == [] and names_set(delta) == ["nbos:output"]
+    sync = c.standbys[0][1]
+    sync.apply(delta)
+    assert sync.take_output() is c.sb["x"] and sync.take_output() is None
+    assert "nbos:output" not in c.sb
+
+
+def test_writing_into_a_broadcast_view_on_a_standby_prints_no_warning():
+    # numpy warns on reading the flags of, and on writing to, a view from np.broadcast_arrays. A
+    # replica holds one that it made as executor when the next executor changes it.
+    pytest.importorskip("numpy")
+    store = MemStore()
+    first, second = new_ns(), new_ns()
+    syncs = {id(first): StateSync(first, HIDDEN, store, replica_id=1),
+             id(second): StateSync(second, HIDDEN, store, replica_id=2)}
+
+    def run(ns, other, code):
+        cell = syncs[id(ns)].begin(code)
+        exec(code, ns)
+        delta, _ = syncs[id(ns)].end(cell)
+        return syncs[id(other)].apply(delta)
+
+    run(first, second,
+        "import numpy as np\nv = np.broadcast_arrays(np.zeros(3), np.zeros((2, 3)))[0]")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(second, first, "v += 1") == []
+    assert [str(w.message) for w in caught] == []
+    assert first["v"].tolist() == [[1.0] * 3] * 2
