@@ -225,15 +225,18 @@ Status Migrator::Join(Move& m, StepClock* clock, Rollback* rollback) {
     return launched.status();
   }
   clock->Step("launch");
+  // Before the add: an add that fails may still have made the replica a member (C-Raft adds it
+  // as a spare, then a promotion that can fail after its configuration entry went out), and a
+  // member stopped by the undo above would stay a dead voter. Removing a non-member is a no-op.
+  rollback->OnFailure([this, &m] {
+    (void)MembershipChange(*m.session, m.via, Json{{"op", "remove"}, {"replica_id", m.new_id}});
+  });
   if (Status s = MembershipChange(
           *m.session, m.via,
           Json{{"op", "add"}, {"replica_id", m.new_id}, {"raft_address", m.prepared.raft_address}});
       !s.ok()) {
     return s;
   }
-  rollback->OnFailure([this, &m] {
-    (void)MembershipChange(*m.session, m.via, Json{{"op", "remove"}, {"replica_id", m.new_id}});
-  });
   clock->Step("join");
   return Status::Ok();
 }

@@ -27,6 +27,7 @@ the first violation with the events around it. The schedule of faults follows fr
 
 import ast
 import contextlib
+import glob
 import json
 import os
 import random
@@ -446,6 +447,7 @@ class Campaign:
         self.stop_clients = threading.Event()
         self.last_fault_end = None
         self.readback = {}  # kernel index -> {replica id: list or error text}
+        self.read_logs = {}  # kernel index -> log lines when its first read failed
         self.recovery_s = {}
 
     @property
@@ -536,9 +538,24 @@ class Campaign:
                 reader.connect(time.monotonic() + 60)
                 for rid in self.live_replicas(view, c.kernel, ids=True):
                     lists[rid] = self.read_on(reader, rid)
+                    if not isinstance(lists[rid], list):
+                        self.read_logs.setdefault(c.index, self.log_excerpt(c.kernel, rid))
             finally:
                 reader.drop()
             self.readback[c.index] = lists
+
+    def log_excerpt(self, kernel_id, rid, lines=25):
+        """The gateway's last lines on `kernel_id` and the last lines of replica `rid`'s log."""
+        root = self.cluster.ps.root
+        out = []
+        with contextlib.suppress(OSError):
+            with open(os.path.join(root, "gateway.log"), errors="replace") as f:
+                out += [line.rstrip() for line in f if kernel_id in line][-lines:]
+        for path in glob.glob(os.path.join(root, "host-*", "replicas", f"{kernel_id}-{rid}",
+                                           "replica.log")):
+            with contextlib.suppress(OSError), open(path, errors="replace") as f:
+                out += [f"{path}:"] + [line.rstrip() for line in f][-lines:]
+        return out
 
     @staticmethod
     def read_on(reader, rid):
@@ -708,4 +725,7 @@ def summary(campaign, violations):
         lines.append("events around it:")
         lines += ["  " + json.dumps(e) for e in campaign.history.around(first["t"],
                                                                          kernel=first["kernel"])]
+    for index, logs in sorted(campaign.read_logs.items())[:1]:
+        lines.append(f"logs when a read of kernel {index} failed first:")
+        lines += ["  " + line[:300] for line in logs]
     return "\n".join(lines)
