@@ -576,6 +576,15 @@ def test_process_state_outside_the_namespace_follows_the_executor(group):
     assert stream_text(outputs) == "/tmp yes /opt/nbos-test\n"
 
 
+def test_cells_still_run_after_one_removed_the_working_directory(group):
+    check_cell(group.execute("import os, shutil, tempfile\nd = tempfile.mkdtemp()\nos.chdir(d)", 1),
+               1)
+    check_cell(group.execute("shutil.rmtree(d)", 2), 2)
+    results = group.execute("print(os.path.exists(d))", 3)
+    assert stream_text(check_cell(results, 3)[1]) == "False\n"
+    group.assert_converged()
+
+
 def test_a_standby_writes_its_input_history_in_batches_and_loses_none(kernelspec_dir,
                                                                      monkeypatch, tmp_path):
     # Each replica writes its own session to the history database; here all three share one.

@@ -620,6 +620,15 @@ def _as_compiled(code):
     return code if code.endswith("\n") else code + "\n"
 
 
+def _cwd():
+    """The working directory, or None once a cell removed it: cells still run then, as on
+    ipykernel, and only a cell's own os.getcwd() fails."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 def _merge_side_effects(state, changes):
     """Folds one cell's side effects (see Engine._process_changes) into `state`, the sum of all
     before it, in the same shape: applying `state` alone has the effect of applying them all."""
@@ -844,7 +853,7 @@ class Engine:
             source = code
         # Process state outside the namespace that cells change and users rely on.
         # os.environ's encoded mapping: copied at C speed, decoded only where the cell changed it.
-        self._process_before = (os.getcwd(), os.environ._data.copy(), list(sys.path))
+        self._process_before = (_cwd(), os.environ._data.copy(), list(sys.path))
         self._cell_code = code
         self._cell_source = source
         return self.sync.begin(source)
@@ -871,8 +880,9 @@ class Engine:
         installs, which every replica must repeat on its own host."""
         cwd, env, path = self._process_before
         changes = {}
-        if os.getcwd() != cwd:
-            changes["cwd"] = os.getcwd()
+        now_cwd = _cwd()
+        if now_cwd is not None and now_cwd != cwd:
+            changes["cwd"] = now_cwd
         now = os.environ._data
         if now != env:
             key, value = os.environ.decodekey, os.environ.decodevalue
