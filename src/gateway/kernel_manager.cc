@@ -448,6 +448,9 @@ Status KernelManager::Restore() {
     KernelRecord k;
     k.request = ResourcesFromJson(meta.resources, options_.default_request);
     k.meta = std::move(meta);
+    for (const StoredReplica& r : k.meta.replicas) {
+      if (r.left_group) k.left_group.insert(r.replica_id);
+    }
     if (k.meta.resuming) k.last_replica_id = UndoCutOffResume(k.meta);
     const bool restart = std::exchange(k.meta.restarting, false);
     auto session = StartSession(k);

@@ -23,10 +23,12 @@ struct Statement {
 Json ReplicasToJson(const std::vector<StoredReplica>& replicas) {
   Json out = Json::array();
   for (const auto& r : replicas) {
-    out.push_back(Json{{"replica_id", r.replica_id},
-                       {"server_id", r.server_id},
-                       {"raft_address", r.raft_address},
-                       {"connection", r.connection_json}});
+    Json replica{{"replica_id", r.replica_id},
+                 {"server_id", r.server_id},
+                 {"raft_address", r.raft_address},
+                 {"connection", r.connection_json}};
+    if (r.left_group) replica["left_group"] = true;
+    out.push_back(std::move(replica));
   }
   return out;
 }
@@ -151,7 +153,8 @@ Result<std::vector<StoredKernel>> MetadataStore::List() {
     if (replicas.is_array()) {
       for (const Json& r : replicas) {
         k.replicas.push_back({r.value("replica_id", 0u), r.value("server_id", ""),
-                              r.value("raft_address", ""), r.value("connection", "")});
+                              r.value("raft_address", ""), r.value("connection", ""),
+                              r.value("left_group", false)});
       }
     }
     Json env = Json::parse(text(7), nullptr, false);

@@ -20,6 +20,9 @@ struct StoredReplica {
   std::string server_id;
   std::string raft_address;
   std::string connection_json;  // Jupyter connection file contents
+  // Removed from the kernel's Raft group ahead of its replacement (Migrator::LeaveIfLost), which
+  // has not been recorded yet: a restarted gateway must not count it live again.
+  bool left_group = false;
 };
 
 struct StoredKernel {

@@ -20,7 +20,8 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
                    "s1",
                    {{"gpus", 2}},
                    "2026-01-01T00:00:00.000000Z",
-                   {{1, "host-1", "127.0.0.1:4000", "{}"}, {2, "host-2", "127.0.0.1:4002", "{}"}}};
+                   {{1, "host-1", "127.0.0.1:4000", "{}"},
+                    {2, "host-2", "127.0.0.1:4002", "{}", /*left_group=*/true}}};
     k.env = {{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}};
     k.checkpoint = "c0ffee";
     k.owner = "alice";
@@ -44,6 +45,8 @@ TEST(MetadataStoreTest, KernelsSurviveReopening) {
   ASSERT_EQ(k.replicas.size(), 2u);
   EXPECT_EQ(k.replicas[1].server_id, "host-2");
   EXPECT_EQ(k.replicas[1].raft_address, "127.0.0.1:4002");
+  EXPECT_FALSE(k.replicas[0].left_group);
+  EXPECT_TRUE(k.replicas[1].left_group);
   EXPECT_EQ(k.env,
             (std::map<std::string, std::string>{{"KERNEL_GPUS", "2"}, {"KERNEL_USERNAME", "ada"}}));
   EXPECT_EQ(k.checkpoint, "c0ffee");

@@ -203,10 +203,20 @@ Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
   }
   // Should the rest of the migration fail, the replica stays out of the group even if its server
   // reports it running again: it must not be counted live, and the next migration replaces it.
+  std::optional<StoredKernel> meta;
   registry_->UpdateKernel(m.kernel_id, [&](KernelRecord& r) {
     r.left_group.insert(m.plan.replica_id);
     r.replica_live[m.plan.replica_id] = false;
+    for (StoredReplica& replica : r.meta.replicas) {
+      if (replica.replica_id == m.plan.replica_id) replica.left_group = true;
+    }
+    meta = r.meta;
   });
+  // Recorded, so that a gateway restarted before the replacement is recorded knows it too.
+  if (Status s = meta ? store_->Put(*meta) : Status::Ok(); !s.ok()) {
+    spdlog::error("kernel {}: recording that replica {} left the Raft group: {}", m.kernel_id,
+                  m.plan.replica_id, s.ToString());
+  }
   m.session->ReplicaLost(m.plan.replica_id, "it left the kernel's Raft group to be replaced");
   clock->Step("lost-left");
   return Status::Ok();

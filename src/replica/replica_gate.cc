@@ -27,6 +27,7 @@ constexpr size_t kLoggedFieldMaxBytes = 1u << 20;
 constexpr size_t kCheckpointAfterJournalBytes = 16u << 20;
 // A rebuild that failed within this long is tried again before a cell is refused.
 constexpr std::chrono::milliseconds kQuickRebuild{1000};
+constexpr std::chrono::milliseconds kOutcomeLateAfter{5000};
 // The outcome of an election a CANCEL decided (ReplicaGate::outcomes_).
 constexpr std::string_view kCancelledOutcome = "cancelled";
 // How long a standby told to cancel waits for the log to decide: a CANCEL commits within a round
@@ -541,7 +542,14 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
 
 Status ReplicaGate::AwaitOutcome(Decision* d) {
   const auto outcome_known = [&] { return outcomes_.count(d->exec_id) > 0; };
-  bool decided = WaitFor(outcome_known, d->exec_id, options_.follow_timeout);
+  // An outcome is normally a round trip away; one that is late says what this member's log
+  // holds, for whoever must tell a lagging member from a lost election.
+  const auto first_wait = std::min(options_.follow_timeout, kOutcomeLateAfter);
+  bool decided = WaitFor(outcome_known, d->exec_id, first_wait);
+  if (!decided) {
+    LogLateOutcome(d->exec_id);
+    decided = WaitFor(outcome_known, d->exec_id, options_.follow_timeout - first_wait);
+  }
   bool cancelled_here = false;
   {
     MutexLock lock(&mu_);
@@ -564,6 +572,22 @@ Status ReplicaGate::AwaitOutcome(Decision* d) {
             : d->executor == options_.replica_id ? Role::kExecute
                                                  : Role::kStandby;
   return Status::Ok();
+}
+
+void ReplicaGate::LogLateOutcome(const std::string& exec_id) {
+  std::string members;
+  for (const replication::Member& m : node_->Members()) members += fmt::format(" {}", m.id);
+  uint64_t duplicates = 0, losers = 0;
+  {
+    MutexLock lock(&machine_mu_);
+    duplicates = machine_.duplicates_skipped();
+    losers = machine_.losers_skipped();
+  }
+  spdlog::warn(
+      "execution {}: no election outcome after {} ms; applied index {}, leader {}, members{}, "
+      "{} duplicate and {} losing entries skipped",
+      exec_id, kOutcomeLateAfter.count(), node_->LastApplied(), node_->Leader().id, members,
+      duplicates, losers);
 }
 
 // Running ahead skips the LEAD's round trip before the cell (decision 0012). It is safe whatever

@@ -165,6 +165,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // d->exec_id and sets d->executor and d->role from it (kNotKnown: told to cancel, and the log
   // did not decide in time). Unavailable when no outcome came within follow_timeout.
   Status AwaitOutcome(Decision* d);
+  void LogLateOutcome(const std::string& exec_id) EXCLUDES(machine_mu_);
   // Proposes a CANCEL of `exec_id` on a thread of its own (see cancel_proposals_).
   void ProposeCancel(const std::string& exec_id) REQUIRES(mu_);
   // Whether `id` is in the Raft configuration this member knows (any role).

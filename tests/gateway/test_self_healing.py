@@ -352,6 +352,49 @@ def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluste
     ks.close()
 
 
+def test_a_replica_that_left_the_group_stays_out_after_a_gateway_restart(cluster):
+    """A standby's server freezes; the migration that replaces it first takes the lost replica
+    out of the Raft group, then waits for the running cell. The server thaws, its replica runs
+    again, and the gateway is killed before it recorded the replacement. Restarted, it must not
+    count the replica that left as live (it is no member any more): it replaces it, so the
+    kernel still runs cells with one more server frozen."""
+    c = cluster
+    kid, ks, executor, host = kernel_with_x(c)
+    left = next(rid for rid in sorted(host) if rid != executor)
+    ks.send("execute_request", {
+        "code": "import time\ntime.sleep(25)", "silent": False, "store_history": True,
+        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    time.sleep(0.5)
+    c.signal_host(host[left], signal.SIGSTOP)
+    try:
+        deadline = time.time() + 60
+        while not any(r["state"] == "joining" for r in kernel_view(c, kid)[0]["replicas"]):
+            assert time.time() < deadline, kernel_view(c, kid)[0]
+            time.sleep(0.1)
+        time.sleep(3)  # the new member joins; the migration then waits for the cell to end
+    finally:
+        c.signal_host(host[left], signal.SIGCONT)
+    time.sleep(2)  # the thawed server reports its replica running again
+    ks.close()
+    c.kill_gateway()
+    c.gateway = c.start_gateway()
+    replicas = wait_whole(c, kid, set(), set(), timeout=150)
+    assert left not in replicas, replicas
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 50")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    current = reply["metadata"]["nbos"]["executor"]
+    frozen = int(next(r["server_id"] for rid, r in sorted(replicas.items())
+                      if rid != current).split("-")[1])
+    try:
+        c.signal_host(frozen, signal.SIGSTOP)
+        reply, _ = ks.execute("x += 1", metadata={"nbos": {"target_replica": current}})
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        c.signal_host(frozen, signal.SIGCONT)
+    ks.close()
+
+
 def wait_migration_done(c, kid, seen):
     """Polls until the kernel has no migration running; collects what the view showed."""
     deadline = time.time() + 90
