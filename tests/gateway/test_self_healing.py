@@ -312,6 +312,24 @@ def test_an_executor_frozen_mid_cell_is_answered_for_and_its_late_effects_change
     ks.close()
 
 
+def runs_cells_with_one_more_server_frozen(c, kid, replicas):
+    """A kernel whole on `replicas` runs a cell, then one more on its executor with another of its
+    servers frozen: its Raft group has a majority without that one."""
+    ks = KernelSocket(c.url, kid, c.token)
+    reply, _ = ks.execute("x = 50")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    current = reply["metadata"]["nbos"]["executor"]
+    frozen = int(next(r["server_id"] for rid, r in sorted(replicas.items())
+                      if rid != current).split("-")[1])
+    try:
+        c.signal_host(frozen, signal.SIGSTOP)
+        reply, _ = ks.execute("x += 1", metadata={"nbos": {"target_replica": current}})
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        c.signal_host(frozen, signal.SIGCONT)
+    ks.close()
+
+
 def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluster):
     """A standby's server restarts, without its replicas; the replacement joins the kernel's
     Raft group and the migration waits for the running cell before it lets the lost one go. The gateway is killed
@@ -336,20 +354,7 @@ def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluste
     ks.close()
     c.kill_gateway()
     c.gateway = c.start_gateway()
-    replicas = wait_whole(c, kid, set(), set(), timeout=150)
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute("x = 50")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    current = reply["metadata"]["nbos"]["executor"]
-    frozen = int(next(r["server_id"] for rid, r in sorted(replicas.items())
-                      if rid != current).split("-")[1])
-    try:
-        c.signal_host(frozen, signal.SIGSTOP)
-        reply, _ = ks.execute("x += 1", metadata={"nbos": {"target_replica": current}})
-        assert reply["content"]["status"] == "ok", reply["content"]
-    finally:
-        c.signal_host(frozen, signal.SIGCONT)
-    ks.close()
+    runs_cells_with_one_more_server_frozen(c, kid, wait_whole(c, kid, set(), set(), timeout=150))
 
 
 def test_a_replica_that_left_the_group_stays_out_after_a_gateway_restart(cluster):
@@ -380,19 +385,7 @@ def test_a_replica_that_left_the_group_stays_out_after_a_gateway_restart(cluster
     c.gateway = c.start_gateway()
     replicas = wait_whole(c, kid, set(), set(), timeout=150)
     assert left not in replicas, replicas
-    ks = KernelSocket(c.url, kid, c.token)
-    reply, _ = ks.execute("x = 50")
-    assert reply["content"]["status"] == "ok", reply["content"]
-    current = reply["metadata"]["nbos"]["executor"]
-    frozen = int(next(r["server_id"] for rid, r in sorted(replicas.items())
-                      if rid != current).split("-")[1])
-    try:
-        c.signal_host(frozen, signal.SIGSTOP)
-        reply, _ = ks.execute("x += 1", metadata={"nbos": {"target_replica": current}})
-        assert reply["content"]["status"] == "ok", reply["content"]
-    finally:
-        c.signal_host(frozen, signal.SIGCONT)
-    ks.close()
+    runs_cells_with_one_more_server_frozen(c, kid, replicas)
 
 
 def wait_migration_done(c, kid, seen):
