@@ -177,6 +177,7 @@ int RunReplica(ReplicaArgs& a, const std::string& version) {
     }
     a.options.peers.push_back({id, peer.substr(eq + 1)});
   }
+  a.options.connection_key = options->connection.key;
   options->start_gate = [gate_options = a.options] {
     return replica::ReplicaGate::StartInBackground(gate_options);
   };

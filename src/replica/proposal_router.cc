@@ -12,6 +12,7 @@
 
 #include "common/thread_annotations.h"
 #include "replica/membership.h"
+#include "replication/peer_auth.h"
 
 namespace nbos::replica {
 
@@ -81,6 +82,21 @@ Result<uint64_t> ProposeLocally(replication::RaftNode* node, std::vector<std::st
   return future.get();
 }
 
+constexpr std::string_view kRouterPurpose = "router";
+
+// A request's frames as sent: seq, its MAC, then `rest`. The views point into `seq`, `mac` and
+// `rest`, which must outlive the send.
+std::vector<zmq::const_buffer> SignedRequest(const std::string& peer_key, const std::string& seq,
+                                             const std::vector<std::string_view>& rest,
+                                             std::string* mac) {
+  std::vector<std::string_view> signed_parts{kRouterPurpose, seq};
+  signed_parts.insert(signed_parts.end(), rest.begin(), rest.end());
+  *mac = peer_key.empty() ? std::string() : replication::PeerMac(peer_key, signed_parts);
+  std::vector<zmq::const_buffer> frames{zmq::buffer(seq), zmq::buffer(*mac)};
+  for (std::string_view part : rest) frames.push_back(zmq::buffer(part.data(), part.size()));
+  return frames;
+}
+
 }  // namespace
 
 std::string PeerEndpointFor(const std::string& raft_address) {
@@ -108,6 +124,7 @@ struct ProposalRouter::Impl {
   std::map<std::string, zmq::socket_t> clients GUARDED_BY(client_mu);  // by peer endpoint
   uint64_t next_seq GUARDED_BY(client_mu) = 0;
   std::atomic<uint64_t>* served = nullptr;
+  std::atomic<uint64_t>* refused_count = nullptr;
 
   // Membership changes. Those served for other members run on a worker, one at a time, so the
   // serving loop keeps forwarding proposals meanwhile; answers come back through `results`.
@@ -142,12 +159,13 @@ struct ProposalRouter::Impl {
         if (e.num() == EINTR || e.num() == EAGAIN) continue;
         return;  // ETERM: stopping
       }
+      // Every request is [identity, seq, MAC, ...]; Authentic takes the MAC out or refuses it.
       // [identity, seq, command...] -> [identity, seq, "ok"|"invalid"|"unavailable"|"error",
       //                                 last index|message]
       // [identity, seq, "", "transfer", id] -> [identity, seq, "ok"|"error", message]
       // [identity, seq, "", "add", id, address] and [identity, seq, "", "remove", id]
       //   -> [identity, seq, "ok"|"invalid"|"unavailable"|"error", message], maybe later
-      if (parts.size() < 3) continue;
+      if (parts.size() < 3 || !Authentic(parts)) continue;
       if (parts[2].size() == 0 && parts.size() >= 5 &&
           (parts[3].to_string() == "add" || parts[3].to_string() == "remove")) {
         ServeChange(std::move(parts));
@@ -178,6 +196,32 @@ struct ProposalRouter::Impl {
         return;
       }
     }
+  }
+
+  // Whether `parts` ([identity, seq, MAC, rest...]) carries the MAC of seq and rest; if so the
+  // MAC frame is taken out, else the request is answered "refused", counted and reported.
+  bool Authentic(std::vector<zmq::message_t>& parts) {
+    std::vector<std::string_view> signed_parts{kRouterPurpose, parts[1].to_string_view()};
+    for (size_t i = 3; i < parts.size(); ++i) signed_parts.push_back(parts[i].to_string_view());
+    if (options.peer_key.empty() ||
+        replication::PeerMacMatches(options.peer_key, signed_parts, parts[2].to_string_view())) {
+      parts.erase(parts.begin() + 2);
+      return true;
+    }
+    ++*refused_count;
+    if (options.on_refused) {
+      options.on_refused("refused a forwarded request of " + std::to_string(parts.size() - 3) +
+                         " frames: it does not carry this kernel's key");
+    }
+    const std::string_view word = "refused", message = "not signed with this kernel's key";
+    std::array<zmq::const_buffer, 4> reply{zmq::buffer(parts[0].data(), parts[0].size()),
+                                           zmq::buffer(parts[1].data(), parts[1].size()),
+                                           zmq::buffer(word), zmq::buffer(message)};
+    try {
+      zmq::send_multipart(server, reply);
+    } catch (const zmq::error_t&) {
+    }
+    return false;
   }
 
   // Starts a worker for a forwarded membership change, or answers at once.
@@ -363,9 +407,10 @@ struct ProposalRouter::Impl {
       }
       zmq::socket_t& client = it->second;
       const std::string seq = std::to_string(++next_change_seq);
-      std::vector<zmq::const_buffer> frames{zmq::buffer(seq), zmq::const_buffer(nullptr, 0)};
-      for (const auto& f : request) frames.push_back(zmq::buffer(f));
-      zmq::send_multipart(client, frames);
+      std::vector<std::string_view> rest{std::string_view()};
+      rest.insert(rest.end(), request.begin(), request.end());
+      std::string mac;
+      zmq::send_multipart(client, SignedRequest(options.peer_key, seq, rest, &mac));
       // A change can take long (catch-up), so wait until the deadline, but give up on a leader
       // that is no longer the leader.
       last = Unavailable("leader " + leader.address + " did not answer");
@@ -420,6 +465,7 @@ struct ProposalRouter::Impl {
 
 ProposalRouter::ProposalRouter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
   impl_->served = &served_;
+  impl_->refused_count = &refused_;
 }
 
 Result<std::unique_ptr<ProposalRouter>> ProposalRouter::Start(replication::RaftNode* node,
@@ -502,8 +548,10 @@ Result<uint64_t> ProposalRouter::ProposeAll(std::vector<std::string> commands,
     std::string endpoint = PeerEndpointFor(leader.address);
     zmq::socket_t& client = impl_->ClientFor(endpoint);
     std::string seq = std::to_string(++impl_->next_seq);
-    std::vector<zmq::const_buffer> request{zmq::buffer(seq)};
-    for (const auto& c : commands) request.push_back(zmq::buffer(c));
+    std::string mac;
+    auto request =
+        SignedRequest(impl_->options.peer_key, seq,
+                      std::vector<std::string_view>(commands.begin(), commands.end()), &mac);
     if (attempted) ++retries_;
     attempted = true;
     if (!zmq::send_multipart(client, request)) {
@@ -555,10 +603,9 @@ Status ProposalRouter::RequestLeadership(replication::ServerId self,
   zmq::socket_t& client = impl_->ClientFor(endpoint);
   const std::string seq = std::to_string(++impl_->next_seq);
   const std::string target = std::to_string(self);
-  std::array<zmq::const_buffer, 4> request{zmq::buffer(seq), zmq::const_buffer(nullptr, 0),
-                                           zmq::buffer(std::string_view("transfer")),
-                                           zmq::buffer(target)};
-  zmq::send_multipart(client, request);
+  std::string mac;
+  zmq::send_multipart(client, SignedRequest(impl_->options.peer_key, seq,
+                                            {std::string_view(), "transfer", target}, &mac));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(

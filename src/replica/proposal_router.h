@@ -28,6 +28,12 @@ struct ProposalRouterOptions {
   // Test only: the first N answers to proposals this member forwarded are discarded as if the
   // network had lost them, so it retries proposals the leader already committed.
   uint64_t drop_forwarded_answers = 0;
+  // PeerKeyFrom(the kernel's connection key). Each request carries PeerMac(peer_key, {"router",
+  // seq, frames...}); one without the right MAC is answered "refused", counted and reported, and
+  // never reaches the log. Empty: requests are not signed nor checked (tests on one machine).
+  std::string peer_key;
+  // Each refused request, on the serving thread.
+  std::function<void(const std::string& why)> on_refused;
 };
 
 class ProposalRouter {
@@ -73,6 +79,8 @@ class ProposalRouter {
   uint64_t forwarded_served() const { return served_.load(); }
   // Forwarded proposals sent again after an attempt got no answer in time (or a refusal).
   uint64_t forward_retries() const { return retries_.load(); }
+  // Requests refused for a missing or wrong MAC.
+  uint64_t requests_refused() const { return refused_.load(); }
 
  private:
   struct Impl;
@@ -80,6 +88,7 @@ class ProposalRouter {
   std::unique_ptr<Impl> impl_;
   std::atomic<uint64_t> served_{0};
   std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> refused_{0};
 };
 
 }  // namespace nbos::replica

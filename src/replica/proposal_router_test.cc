@@ -7,10 +7,13 @@
 #include <filesystem>
 #include <map>
 #include <thread>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "common/thread_annotations.h"
 #include "replica/kernel_log.h"
 #include "replication/fixture_cluster.h"
+#include "replication/peer_auth.h"
 #include "replication/test_machine.h"
 
 namespace nbos::replica {
@@ -24,6 +27,35 @@ using replication::RaftNode;
 // Index in the test's arrays (id - 1) of the member `node` takes for the leader. Under load an
 // election may be under way, when no leader is known: this waits up to 5 s for one and returns
 // SIZE_MAX if none came, which the caller asserts against before indexing with it.
+// Both transports of these groups check the key: the tests also cover the signed requests.
+const std::string kPeerKey = replication::PeerKeyFrom("the kernel's connection key");
+
+ProposalRouterOptions Signed() {
+  ProposalRouterOptions o;
+  o.peer_key = kPeerKey;
+  return o;
+}
+
+// Sends `frames` on a fresh DEALER to the router of `raft_address` and returns the answer's
+// frames (empty if none came within 5 s).
+std::vector<std::string> AskDirectly(const std::string& raft_address,
+                                     const std::vector<std::string>& frames) {
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(PeerEndpointFor(raft_address));
+  std::vector<zmq::const_buffer> out;
+  for (const auto& f : frames) out.push_back(zmq::buffer(f));
+  zmq::send_multipart(s, out);
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  std::vector<std::string> answer;
+  if (zmq::poll(&item, 1, std::chrono::milliseconds(5000)) <= 0) return answer;
+  std::vector<zmq::message_t> parts;
+  (void)zmq::recv_multipart(s, std::back_inserter(parts));
+  for (auto& p : parts) answer.push_back(p.to_string());
+  return answer;
+}
+
 size_t KnownLeaderIndex(RaftNode& node) {
   for (int t = 0; t < 500; ++t) {
     const replication::ServerId id = node.Leader().id;
@@ -55,10 +87,11 @@ TEST(ProposalRouterTest, AnyMemberCommitsThroughTheLeaderAcrossLeaderChanges) {
     o.address = members[i].address;
     o.data_dir = (root / std::to_string(i)).string();
     o.bootstrap = members;
+    o.peer_key = kPeerKey;
     auto node = RaftNode::Start(o, &machines[i]);
     ASSERT_TRUE(node.ok()) << node.status().ToString();
     nodes[i] = std::move(*node);
-    auto router = ProposalRouter::Start(nodes[i].get(), members[i].address);
+    auto router = ProposalRouter::Start(nodes[i].get(), members[i].address, Signed());
     ASSERT_TRUE(router.ok()) << router.status().ToString();
     routers[i] = std::move(*router);
   }
@@ -83,6 +116,41 @@ TEST(ProposalRouterTest, AnyMemberCommitsThroughTheLeaderAcrossLeaderChanges) {
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(nodes[follower]->Leader().id, members[follower].id);
   EXPECT_TRUE(routers[follower]->RequestLeadership(members[follower].id, 5s).ok());
+
+  // Requests without the key's MAC, sent straight to the leader's router: a proposal, a removal,
+  // a leadership transfer, unsigned and signed with another key. Each is refused and counted;
+  // the log does not change.
+  {
+    const size_t at = KnownLeaderIndex(*nodes[0]);
+    ASSERT_LT(at, 3u);
+    const size_t applied = machines[at].size();
+    const std::string other_key = replication::PeerKeyFrom("another kernel's key");
+    const std::string victim = std::to_string(members[(at + 1) % 3].id);
+    const std::vector<std::vector<std::string>> forged{
+        {"1", "", "forged"},
+        {"2", std::string(replication::kPeerMacBytes, 'x'), "forged"},
+        {"3", replication::PeerMac(other_key, {"router", "3", "forged"}), "forged"},
+        {"4", "", "", "remove", victim},
+        {"5", replication::PeerMac(other_key, {"router", "5", "", "remove", victim}), "", "remove",
+         victim},
+        {"6", "", "", "transfer", victim},
+        {"7"},
+    };
+    for (const auto& request : forged) {
+      auto answer = AskDirectly(members[at].address, request);
+      if (request.size() < 2) {
+        EXPECT_TRUE(answer.empty());  // malformed: dropped
+        continue;
+      }
+      ASSERT_EQ(answer.size(), 3u) << request[0];
+      EXPECT_EQ(answer[0], request[0]);
+      EXPECT_EQ(answer[1], "refused");
+    }
+    EXPECT_EQ(routers[at]->requests_refused(), forged.size() - 1);
+    EXPECT_EQ(machines[at].size(), applied);
+    EXPECT_EQ(nodes[at]->Members().size(), 3u);
+    EXPECT_EQ(nodes[at]->Leader().id, members[at].id);
+  }
 
   // The leader goes away; the survivors' proposals follow the new leader.
   const size_t leader = KnownLeaderIndex(*nodes[0]);
@@ -125,10 +193,11 @@ TEST(ProposalRouterTest, MembershipChangesGoThroughTheLeader) {
     if (i < 3) o.bootstrap = initial;  // the 4th joins later
     o.snapshot_threshold = 8;          // the joiner catches up from a snapshot and entries
     o.snapshot_trailing = 2;
+    o.peer_key = kPeerKey;
     auto node = RaftNode::Start(o, &machines[i]);
     ASSERT_TRUE(node.ok()) << node.status().ToString();
     nodes[i] = std::move(*node);
-    auto router = ProposalRouter::Start(nodes[i].get(), members[i].address);
+    auto router = ProposalRouter::Start(nodes[i].get(), members[i].address, Signed());
     ASSERT_TRUE(router.ok()) << router.status().ToString();
     routers[i] = std::move(*router);
   }

@@ -8,6 +8,7 @@
 
 #include "common/ids.h"
 #include "replica/python_engine.h"
+#include "replication/peer_auth.h"
 
 namespace nbos::replica {
 
@@ -146,10 +147,16 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   raft.snapshot_trailing = std::min(128u, options.snapshot_threshold / 2);
   // Lets bench/replication_bench.py measure followers without the nudge in the same build.
   raft.nudge_followers = std::getenv("NBOS_RAFT_NO_NUDGE") == nullptr;
+  ReplicaGate* g = gate.get();
+  raft.peer_key = replication::PeerKeyFrom(options.connection_key);
+  raft.on_refused_peer = [g](const std::string& why) { g->OnPeerRefused(why); };
   auto node = replication::RaftNode::Start(raft, &gate->locked_);
   if (!node.ok()) return node.status();
   gate->node_ = std::move(*node);
-  auto router = ProposalRouter::Start(gate->node_.get(), options.raft_address);
+  ProposalRouterOptions router_options;
+  router_options.peer_key = raft.peer_key;
+  router_options.on_refused = raft.on_refused_peer;
+  auto router = ProposalRouter::Start(gate->node_.get(), options.raft_address, router_options);
   if (!router.ok()) return router.status();
   gate->router_ = std::move(*router);
   if (options.blob_hints && options.blob_hint_min_bytes > 0) {
@@ -163,6 +170,14 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
                                         });
   }
   return gate;
+}
+
+// Something that reaches a replica's ports without the key is another user's process or a
+// misconfiguration: worth a warning, but not one per connection attempt (C-Raft retries every
+// 10 ms), so the 1st, 2nd, 4th, 8th... are logged, each with the count.
+void ReplicaGate::OnPeerRefused(const std::string& why) {
+  const uint64_t n = ++peers_refused_;
+  if ((n & (n - 1)) == 0) spdlog::warn("{} ({} refused so far)", why, n);
 }
 
 ReplicaGate::~ReplicaGate() {
@@ -935,7 +950,9 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
         {"blobs",
          {{"announced", announcer_ ? announcer_->keys_announced() : 0},
           {"hinted", hinted_keys_.load()},
-          {"prefetch_hits", store_->hits()}}}}}};
+          {"prefetch_hits", store_->hits()}}},
+        // Raft connections and forwarded requests refused since the process started.
+        {"peers_refused", peers_refused_.load()}}}};
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {

@@ -71,6 +71,10 @@ struct ReplicaOptions {
   // from, under whatever its own log then applies (a Raft snapshot of its own replaces it). All
   // members of a new group start from the same one.
   std::string restore_from;
+  // The kernel's connection key. Raft connections and forwarded requests between this kernel's
+  // replicas prove it (replication::PeerKeyFrom); anything else that reaches their ports is
+  // refused, counted and logged. Empty: neither is checked.
+  std::string connection_key;
 };
 
 class ReplicaGate final : public ExecutionGate, private KernelStateMachine::Listener {
@@ -243,6 +247,9 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::deque<std::pair<uint64_t, std::vector<std::string>>> hinted_ GUARDED_BY(mu_);
   uint64_t dones_logged_ = 0;  // log's thread only
   std::atomic<uint64_t> hinted_keys_{0};
+  // Raft connections and forwarded requests refused for not proving the kernel's key.
+  std::atomic<uint64_t> peers_refused_{0};
+  void OnPeerRefused(const std::string& why);
 
   // Engine's thread only.
   PythonEngine* engine_ = nullptr;

@@ -18,6 +18,7 @@ extern "C" {
 
 #include "common/check.h"
 #include "common/thread_annotations.h"
+#include "replication/authenticated_transport.h"
 #include "replication/raft_fsm.h"
 
 namespace nbos::replication {
@@ -62,7 +63,8 @@ struct RaftNode::Impl {
   std::deque<std::function<void()>> posted GUARDED_BY(mu);
   bool closed GUARDED_BY(mu) = false;  // no more work is accepted
 
-  struct raft_uv_transport transport {};
+  struct raft_uv_transport transport {};  // plain TCP, without a peer key
+  std::unique_ptr<AuthenticatedTransport> authenticated;
   struct raft_io io {};
   struct raft_fsm fsm {};
   struct raft raft {};
@@ -343,12 +345,31 @@ struct RaftNode::Impl {
     }
   }
 
+  // --- transport ---
+
+  int OpenTransport() {
+    if (options.peer_key.empty()) return raft_uv_tcp_init(&transport, &loop);
+    return AuthenticatedTransport::Create(&loop, {options.peer_key, 5000, options.on_refused_peer},
+                                          &authenticated);
+  }
+  struct raft_uv_transport* Transport() {
+    return authenticated ? authenticated->transport() : &transport;
+  }
+  // After raft_uv_close, or before the transport was handed to raft_uv_init.
+  void CloseTransport() {
+    if (authenticated) {
+      authenticated.reset();
+    } else {
+      raft_uv_tcp_close(&transport);
+    }
+  }
+
   // --- shutdown ---
 
   static void OnRaftClosed(struct raft* raft) {
     auto* self = static_cast<Impl*>(raft->data);
     raft_uv_close(&self->io);
-    raft_uv_tcp_close(&self->transport);
+    self->CloseTransport();
     uv_close(reinterpret_cast<uv_handle_t*>(&self->wake), nullptr);
     if (self->turn_end_open) uv_close(reinterpret_cast<uv_handle_t*>(&self->turn_end), nullptr);
   }
@@ -396,12 +417,12 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
     return status;
   };
 
-  int rv = raft_uv_tcp_init(&p->transport, &p->loop);
+  int rv = p->OpenTransport();
   if (rv != 0) return abandon(Internal(std::string("raft transport: ") + raft_strerror(rv)));
-  rv = raft_uv_init(&p->io, &p->loop, options.data_dir.c_str(), &p->transport);
+  rv = raft_uv_init(&p->io, &p->loop, options.data_dir.c_str(), p->Transport());
   if (rv != 0) {
     std::string msg = std::string("raft storage in ") + options.data_dir + ": " + p->io.errmsg;
-    raft_uv_tcp_close(&p->transport);
+    p->CloseTransport();
     return abandon(Unavailable(msg));
   }
   raft_uv_set_connect_retry_delay(&p->io, options.connect_retry_delay_ms);
@@ -409,7 +430,7 @@ Result<std::unique_ptr<RaftNode>> RaftNode::Start(const RaftNodeOptions& options
   if (rv != 0) {
     std::string msg = std::string("raft init: ") + raft_strerror(rv);
     raft_uv_close(&p->io);
-    raft_uv_tcp_close(&p->transport);
+    p->CloseTransport();
     return abandon(Internal(msg));
   }
   p->raft.data = p;

@@ -3,6 +3,7 @@
 // loop; every public method is thread-safe and every callback runs on that thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,12 @@ struct RaftNodeOptions {
   // a cell about one round trip after the executor, and a follower executor's proposal needs no
   // heartbeat to be known committed. It costs one log entry per idle-ending batch.
   bool nudge_followers = true;
+  // PeerKeyFrom(the kernel's connection key): a connection reaches Raft only once its other end
+  // proved it holds this (AuthenticatedTransport). Empty: plain TCP, any process that can reach
+  // the port is a peer (tests on one machine only).
+  std::string peer_key;
+  // Each refused connection, on the loop thread (with peer_key set).
+  std::function<void(const std::string& why)> on_refused_peer;
 };
 
 class RaftNode final : public ReplicatedLog {

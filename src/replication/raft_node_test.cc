@@ -1,15 +1,22 @@
 // RaftNode with its real libuv backend: three members on loopback TCP, on-disk logs.
 #include "replication/raft_node.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <thread>
 
+#include "common/thread_annotations.h"
 #include "replication/fixture_cluster.h"
+#include "replication/peer_auth.h"
 #include "replication/test_machine.h"
 
 namespace nbos::replication {
@@ -83,6 +90,12 @@ class RaftNodeTest : public ::testing::Test {
     o.snapshot_threshold = 32;
     o.snapshot_trailing = 16;
     o.election_timeout_ms = election_timeout_ms_;
+    // Every test runs over the authenticated transport; node `id` holds keys_[id] if set.
+    o.peer_key = keys_.count(id) ? keys_[id] : PeerKeyFrom("the group's connection key");
+    o.on_refused_peer = [this, id](const std::string& why) {
+      MutexLock lock(&refused_mu_);
+      refused_[id].push_back(why);
+    };
     return o;
   }
 
@@ -141,7 +154,15 @@ class RaftNodeTest : public ::testing::Test {
     }
   }
 
+  std::vector<std::string> Refused(ServerId id) {
+    MutexLock lock(&refused_mu_);
+    return refused_[id];
+  }
+
   unsigned election_timeout_ms_ = RaftNodeOptions{}.election_timeout_ms;
+  std::map<ServerId, std::string> keys_;
+  Mutex refused_mu_;
+  std::map<ServerId, std::vector<std::string>> refused_ GUARDED_BY(refused_mu_);
   std::filesystem::path root_;
   std::vector<Member> members_;
   std::vector<std::unique_ptr<ListMachine>> machines_;
@@ -276,6 +297,104 @@ TEST_F(RaftNodeTest, LeaderMembersAndLastAppliedAnswerWhileTheLoopIsBusy) {
   node.Close();
   EXPECT_EQ(node.Leader().id, 0u);
   EXPECT_TRUE(node.Members().empty());
+}
+
+// A member started with another kernel's key is added to the configuration (the leader decides
+// that alone) but never receives an entry: it refuses the leader's connections.
+TEST_F(RaftNodeTest, AMemberWithAnotherKeyNeverReceivesEntries) {
+  size_t leader = Leader();
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "a").ok());
+  keys_[4] = PeerKeyFrom("another kernel's connection key");
+  Member joiner{4, "127.0.0.1:" + std::to_string(FreePort()), Role::kSpare};
+  StartNode(4, {}, joiner.address);
+  ASSERT_TRUE(DoneSync([&](auto done) { nodes_[leader]->AddSpare(joiner, done); }).ok());
+  // Spares get no entries; a standby does, once it catches up, which it never can here. The
+  // answer may come only when the node closes: nothing of this test's frame is kept.
+  nodes_[leader]->Assign(4, Role::kStandby, [](Status) {});
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "b").ok());
+  ASSERT_TRUE(WaitFor([&] { return !Refused(4).empty(); }));
+  EXPECT_NE(Refused(4)[0].find("does not hold this kernel's key"), std::string::npos)
+      << Refused(4)[0];
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(machines_[3]->size(), 0u);
+  EXPECT_EQ(nodes_[3]->LastApplied(), 0u);
+  for (ServerId id = 1; id <= 3; ++id) EXPECT_TRUE(Refused(id).empty()) << id;
+}
+
+// A connected TCP socket to `address` ("127.0.0.1:port"), or -1.
+int ConnectTo(const std::string& address) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void Put64(std::string& out, uint64_t v) { out += PeerIdBytes(v); }
+
+// What C-Raft's TCP transport sends first: protocol 1, the claimed id, the padded address.
+std::string CraftPreamble(uint64_t id, const std::string& address) {
+  std::string out;
+  Put64(out, 1);
+  Put64(out, id);
+  const size_t padded = (address.size() + 1 + 7) / 8 * 8;
+  Put64(out, padded);
+  out += address;
+  out.resize(out.size() + padded - address.size(), '\0');
+  return out;
+}
+
+// A RequestVote that asks every member to drop its leader and vote in a far later term.
+std::string DisruptiveRequestVote(uint64_t candidate) {
+  std::string out;
+  Put64(out, 3);   // RAFT_IO_REQUEST_VOTE
+  Put64(out, 40);  // its size
+  Put64(out, uint64_t{1} << 40);
+  Put64(out, candidate);
+  Put64(out, uint64_t{1} << 40);
+  Put64(out, uint64_t{1} << 40);
+  Put64(out, 1);  // disrupt the leader
+  return out;
+}
+
+// What a process without the key can do: claim a member's id, skip or fake the proof, send Raft
+// messages. Every such connection is closed unread and reported; the group keeps its leader.
+TEST_F(RaftNodeTest, ForgedRaftMessagesAreRefusedAndTheGroupIsUntouched) {
+  size_t leader = Leader();
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "a").ok());
+  const size_t target = (leader + 1) % 3;
+  const ServerId claimed = (leader + 2) % 3 + 1;
+  const ServerId leader_id = nodes_[leader]->Leader().id;
+  for (bool fake_proof : {false, true}) {
+    int fd = ConnectTo(members_[target].address);
+    ASSERT_GE(fd, 0);
+    std::string bytes = CraftPreamble(claimed, members_[claimed - 1].address);
+    if (fake_proof) bytes += std::string(kPeerMacBytes, 'x');
+    bytes += DisruptiveRequestVote(claimed);
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+    // The member sends its challenge, then closes the connection (a reset, if what we sent is
+    // still unread there): nothing else comes back.
+    size_t received = 0;
+    ssize_t n = 0;
+    char buf[256];
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) received += static_cast<size_t>(n);
+    EXPECT_TRUE(n == 0 || errno == ECONNRESET) << "the forged connection stayed open";
+    EXPECT_LE(received, kPeerNonceBytes);
+    close(fd);
+  }
+  ASSERT_TRUE(WaitFor([&] { return Refused(target + 1).size() >= 2; }));
+  EXPECT_NE(Refused(target + 1)[0].find("replica " + std::to_string(claimed)), std::string::npos)
+      << Refused(target + 1)[0];
+  EXPECT_EQ(nodes_[target]->Leader().id, leader_id);
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "b").ok());
+  ExpectConverged(2);
 }
 
 TEST_F(RaftNodeTest, BadOptionsAreErrors) {
