@@ -102,6 +102,7 @@ struct GatewayArgs {
   std::string kubernetes_pod_template;
   std::string kubernetes_namespace;
   double idle_suspend_minutes = 0;
+  double blob_gc_interval_s = 600, blob_gc_grace_s = 3600;
   bool hub_auth = false;  // --auth jupyterhub
   auth::HubOptions hub;
 };
@@ -134,6 +135,7 @@ struct UpArgs {
   std::string credential;  // default STATE/cluster.credential, created when missing
   int rebalance_interval_ms = 0;
   double idle_suspend_minutes = 0;
+  double blob_gc_interval_s = 600, blob_gc_grace_s = 3600;
   std::string token;
   std::string users_file;
   int max_kernels_per_user = 0;
@@ -159,6 +161,7 @@ Status ConfigureLocalHosts(GatewayArgs& args, const std::string& self_path) {
   l.control_address = args.options.control_address;
   if (l.state_dir.empty()) l.state_dir = args.options.state_dir;
   if (l.blob_store_url.empty()) l.blob_store_url = "dir://" + l.state_dir + "/blobs";
+  if (args.options.blob_store_url.empty()) args.options.blob_store_url = l.blob_store_url;
   l.log_level = args.log_level;
   l.credential_file = args.credential_file;
   args.options.min_hosts = args.local_hosts;
@@ -229,6 +232,8 @@ int RunGateway(GatewayArgs& args, const std::string& self_path) {
     return 2;
   }
   args.options.idle_suspend_ms = static_cast<int64_t>(args.idle_suspend_minutes * 60'000);
+  args.options.blob_gc_interval_ms = static_cast<int64_t>(args.blob_gc_interval_s * 1000);
+  args.options.blob_gc_grace_ms = static_cast<int64_t>(args.blob_gc_grace_s * 1000);
   if (!args.options.workspace_root.empty()) {
     // Lexical only: the gateway need not mount the workspace (its daemons check it).
     args.options.workspace_root = fs::absolute(args.options.workspace_root).lexically_normal();
@@ -509,6 +514,9 @@ Child GatewayChild(const UpArgs& args, const std::string& self_path, const std::
     add("--idle-suspend-minutes", fmt::format("{}", args.idle_suspend_minutes));
   if (!args.decision_journal.empty())
     add("--decision-journal", fs::absolute(args.decision_journal).string());
+  add("--blob-store", args.blob_store);
+  add("--blob-gc-interval-s", fmt::format("{}", args.blob_gc_interval_s));
+  add("--blob-gc-grace-s", fmt::format("{}", args.blob_gc_grace_s));
   // With auto-scaling the gateway starts and stops the servers itself (LocalHostProvider).
   if (args.max_hosts > args.hosts) AppendLocalHostArgs(args, &gateway.argv);
   return gateway;
@@ -671,6 +679,18 @@ void AddGatewayOptions(CLI::App* gw, GatewayArgs* args) {
       ->capture_default_str();
   gw->add_option("--decision-journal", args->options.decision_journal,
                  "Write every scheduling decision to this file (JSON lines; nbos sim replay)");
+  gw->add_option("--blob-store", args->options.blob_store_url,
+                 "The servers' blob store (their --blob-store), whose blobs no kernel needs the "
+                 "gateway deletes; with --local-hosts, theirs. Unset: nothing is collected");
+  gw->add_option("--blob-gc-interval-s", args->blob_gc_interval_s,
+                 "Seconds between rounds of blob collection")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gw->add_option("--blob-gc-grace-s", args->blob_gc_grace_s,
+                 "A blob is deleted once no kernel, journal or snapshot has needed it for this "
+                 "many seconds")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   gw->add_option("--idle-suspend-minutes", args->idle_suspend_minutes,
                  "Suspend a kernel idle this long: its state checkpointed to the blob store, its "
                  "replicas stopped; its next request resumes it (0: never; fractions allowed)")
@@ -843,6 +863,14 @@ void AddUpGatewayOptions(CLI::App* up, UpArgs* args) {
                  "created when missing)");
   up->add_option("--decision-journal", args->decision_journal,
                  "The gateway's decision journal (see nbos gateway --help)");
+  up->add_option("--blob-gc-interval-s", args->blob_gc_interval_s,
+                 "The gateway's blob collection (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  up->add_option("--blob-gc-grace-s", args->blob_gc_grace_s,
+                 "The gateway's blob collection (see nbos gateway --help)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   up->add_option("--idle-suspend-minutes", args->idle_suspend_minutes,
                  "The gateway's suspension of idle kernels (see nbos gateway --help)")
       ->capture_default_str()

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "gateway/blob_gc.h"
 #include "gateway/control_plane.h"
 #include "gateway/dashboard.h"
 #include "gateway/edge_counters.h"
@@ -48,6 +49,7 @@ struct Gateway::Impl {
   std::unique_ptr<Planner> planner;
   EdgeCounters counters;
   std::unique_ptr<KernelManager> kernels;
+  std::unique_ptr<BlobGc> blob_gc;
   std::unique_ptr<ControlPlane> control;
   std::unique_ptr<auth::GatewayAuthenticator> auth;
   std::unique_ptr<HttpApi> api;
@@ -210,6 +212,7 @@ struct Gateway::Impl {
         {.token = options.token, .users_file = options.users_file, .hub = options.hub});
     if (!authenticator.ok()) return authenticator.status();
     auth = std::move(*authenticator);
+    if (Status s = StartBlobGc(); !s.ok()) return s;
     HttpApiOptions ho;
     ho.auth = auth.get();
     ho.kernelspec_name = options.kernelspec_name;
@@ -222,6 +225,7 @@ struct Gateway::Impl {
     ho.workspace_root = options.workspace_root;
     ho.workspace_per_user = !options.users_file.empty() || options.hub.has_value();
     ho.limits = ko.limits;
+    if (blob_gc) ho.blob_gc_stats = [gc = blob_gc.get()] { return gc->stats(); };
     api = std::make_unique<HttpApi>(ho, registry.get(), kernels.get(), migrator.get(), &counters,
                                     [this] { return ExceptionsCaught(); });
     api->Install(&http);
@@ -243,6 +247,17 @@ struct Gateway::Impl {
 
   // Clients first (no new requests), then the daemons' side, then the sessions (they hand their
   // last grants to the planner), then the workers that carry those out.
+  Status StartBlobGc() {
+    if (options.blob_store_url.empty()) return Status::Ok();
+    auto gc = BlobGc::Start(
+        {options.blob_store_url, std::chrono::milliseconds(options.blob_gc_interval_ms),
+         std::chrono::milliseconds(options.blob_gc_grace_ms)},
+        registry.get());
+    if (!gc.ok()) return gc.status();
+    blob_gc = std::move(*gc);
+    return Status::Ok();
+  }
+
   void StopParts() {
     {
       MutexLock lock(&monitor_mu);
@@ -250,6 +265,7 @@ struct Gateway::Impl {
       monitor_cv.SignalAll();
     }
     if (monitor.joinable()) monitor.join();
+    blob_gc.reset();  // it asks the kernels' sessions
     if (dashboard) dashboard->Stop();
     http.Stop();
     if (control) control->Stop();

@@ -81,6 +81,11 @@ struct GatewayOptions {
   int min_hosts = 3;
   int max_hosts = 3;
   int gpus_per_host = 1;
+  // Garbage collection of the replicas' blob store (blob_gc.h): every blob_gc_interval_ms, blobs
+  // no kernel has needed for blob_gc_grace_ms are deleted. Empty URL: no collection.
+  std::string blob_store_url;
+  int64_t blob_gc_interval_ms = 600'000;
+  int64_t blob_gc_grace_ms = 3'600'000;
 };
 
 class Gateway {

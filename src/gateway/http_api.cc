@@ -472,6 +472,46 @@ Json KernelJson(const KernelRecord& k, const ReplicaStatuses& statuses) {
               {"migration", std::move(migration)}};
 }
 
+// What the blob collector holds and frees (blob_gc.h).
+void AddBlobGcSeries(const BlobGcStats& s, prometheus::Registry* registry) {
+  auto& bytes = prometheus::BuildGauge()
+                    .Name("nbos_blob_store_bytes")
+                    .Help(
+                        "Bytes in the blob store as of the collector's last round: all stored, "
+                        "and those live kernels need")
+                    .Register(*registry);
+  bytes.Add({{"kind", "stored"}}).Set(static_cast<double>(s.bytes_stored));
+  bytes.Add({{"kind", "referenced"}}).Set(static_cast<double>(s.bytes_referenced));
+  prometheus::BuildGauge()
+      .Name("nbos_blob_store_blobs")
+      .Help("Blobs in the store as of the collector's last round")
+      .Register(*registry)
+      .Add({})
+      .Set(static_cast<double>(s.blobs_stored));
+  prometheus::BuildCounter()
+      .Name("nbos_blob_gc_freed_bytes_total")
+      .Help("Bytes of blobs the collector deleted")
+      .Register(*registry)
+      .Add({})
+      .Increment(static_cast<double>(s.bytes_freed));
+  prometheus::BuildCounter()
+      .Name("nbos_blob_gc_deleted_total")
+      .Help("Blobs the collector deleted")
+      .Register(*registry)
+      .Add({})
+      .Increment(static_cast<double>(s.blobs_deleted));
+  auto& rounds = prometheus::BuildCounter()
+                     .Name("nbos_blob_gc_rounds_total")
+                     .Help(
+                         "Collection rounds: complete, incomplete (a kernel did not answer: "
+                         "nothing deleted) and failed (the store could not be listed)")
+                     .Register(*registry);
+  rounds.Add({{"outcome", "complete"}})
+      .Increment(static_cast<double>(s.rounds - s.rounds_incomplete - s.rounds_failed));
+  rounds.Add({{"outcome", "incomplete"}}).Increment(static_cast<double>(s.rounds_incomplete));
+  rounds.Add({{"outcome", "failed"}}).Increment(static_cast<double>(s.rounds_failed));
+}
+
 // What self-healing and scaling show: servers and replicas by state, replacements, servers added
 // and removed.
 void AddHealingSeries(const RegistrySnapshot& snap, prometheus::Registry* registry) {
@@ -646,6 +686,7 @@ std::string HttpApi::Metrics() const {
       .Add({})
       .Increment(static_cast<double>(counters_->refused_control_calls->load()));
   exceptions.Add({}).Increment(static_cast<double>(caught));
+  if (options_.blob_gc_stats) AddBlobGcSeries(options_.blob_gc_stats(), &registry);
   return prometheus::TextSerializer().Serialize(registry.Collect());
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "auth/authenticator.h"
+#include "gateway/blob_gc.h"
 #include "gateway/edge_counters.h"
 #include "gateway/kernel_manager.h"
 #include "gateway/migrator.h"
@@ -45,6 +46,8 @@ struct HttpApiOptions {
   std::string workspace_root;            // GatewayOptions::workspace_root
   bool workspace_per_user = false;       // users are known: a user who is no admin sees ROOT/<user>
   ClientLimits limits;
+  // The blob collector's figures for /metrics; null when it is off.
+  std::function<BlobGcStats()> blob_gc_stats;
 };
 
 class HttpApi {

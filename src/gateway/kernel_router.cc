@@ -600,7 +600,10 @@ void KernelRouter::OnInterrupt(Effects* out) {
 void KernelRouter::OnReplicaMessage(ReplicaMessage& m, Effects* out) {
   const ReplicaId r = m.replica;
   if (!replicas_.count(r)) return;  // a late message of an unlinked replica
-  last_activity_us_ = now_us_;
+  const std::string parent = m.message.parent_msg_id();
+  if (std::find(internal_calls_.begin(), internal_calls_.end(), parent) == internal_calls_.end()) {
+    last_activity_us_ = now_us_;
+  }
   switch (m.channel) {
     case Channel::kShell:
     case Channel::kControl:
@@ -967,6 +970,8 @@ void KernelRouter::OnControlCall(ControlCallRequested& call, Effects* out) {
   Message m = factory_.Make(call.msg_type, std::move(call.content), Json::object());
   control_calls_[m.msg_id()] = call.call_id;
   control_to_[m.msg_id()] = call.to;
+  internal_calls_.push_back(m.msg_id());
+  if (internal_calls_.size() > kInternalCallsKept) internal_calls_.pop_front();
   merger_.Expect(m.msg_id(), {call.to});
   SendTo({call.to}, Channel::kControl, m, out);
 }

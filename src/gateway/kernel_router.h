@@ -456,6 +456,11 @@ class KernelRouter {
   std::map<std::string, ReplicaId> probes_;        // kernel_info probe msg_id -> replica
   std::map<std::string, uint64_t> control_calls_;  // request msg_id -> call id
   std::map<std::string, ReplicaId> control_to_;    // request msg_id -> replica it went to
+  // The gateway's own control calls, the last kInternalCallsKept: what replicas send about them
+  // (the reply, their busy and idle) is no activity of the kernel's, so that a collector asking
+  // every kernel does not keep idle ones from being suspended.
+  std::deque<std::string> internal_calls_;
+  static constexpr size_t kInternalCallsKept = 64;
   ReplicaId executor_ = 0;
   ReplicaId unreplicated_executor_ = 0;  // answered ReplicationError for the last cell
   // Replicas whose last execute_reply said their namespace is not the log's (nbos.diverged), and

@@ -48,6 +48,7 @@ class BlobAnnouncer final : public store::BlobStore {
   }
   Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
   Status Delete(std::string_view key) override { return backing_->Delete(key); }
+  Result<std::vector<store::StoredBlob>> List() override { return backing_->List(); }
   std::string Describe() const override { return backing_->Describe(); }
 
  private:

@@ -51,6 +51,13 @@ class ExecutionGate {
   virtual Result<std::string> SaveCheckpoint() {
     return InvalidArgument("this kernel keeps no replicated state");
   }
+  // Any thread: every blob key the replicated state refers to (checkpoint and journal), and those
+  // of the last deltas and blob hints applied here (ReplicaGate::kRecentRefEntries), which a
+  // member that replays its log or catches up from the leader's may still need: what the blob
+  // store must keep for this kernel.
+  virtual Result<std::vector<std::string>> BlobRefs() {
+    return InvalidArgument("this kernel keeps no replicated state");
+  }
   // Before an execute_request: returns once the log has decided who executes it.
   virtual Result<Decision> Elect(const jupyter::Message& request) = 0;
   // On the executor, after the cell ran and before its reply: replicates the cell's effects and

@@ -166,6 +166,7 @@ class KernelServer final : public EngineHost {
   void NoteExecutionDone(const std::string& content, const Json& metadata)
       EXCLUDES(last_execution_mu_);
   std::string AnswerLastExecution() EXCLUDES(last_execution_mu_);
+  jupyter::Json AnswerStateRequest(const std::string& type);
 
   Mutex parent_mu_;
   Json parent_header_ GUARDED_BY(parent_mu_) = Json::object();
@@ -647,6 +648,30 @@ void KernelServer::ServeControl() {
   }
 }
 
+// The gateway's questions about the replicated state: a checkpoint of it in the blob store
+// (suspending an idle kernel), or the blobs it needs (garbage collection).
+Json KernelServer::AnswerStateRequest(const std::string& type) {
+  const bool checkpoint = type == "nbos_checkpoint_request";
+  Json answer{{"status", "ok"}};
+  Status failed;
+  if (gate_ == nullptr) {
+    failed = InvalidArgument("this kernel is not replicated");
+  } else if (checkpoint) {
+    auto key = gate_->SaveCheckpoint();
+    if (key.ok()) answer["key"] = *key;
+    failed = key.status();
+  } else {
+    auto keys = gate_->BlobRefs();
+    if (keys.ok()) answer["keys"] = *keys;
+    failed = keys.status();
+  }
+  if (failed.ok()) return answer;
+  return Json{{"status", "error"},
+              {"ename", checkpoint ? "CheckpointError" : "BlobRefsError"},
+              {"evalue", failed.message()},
+              {"traceback", Json::array()}};
+}
+
 void KernelServer::HandleControl(Message request) {
   const std::string type = request.msg_type();
   // A shutdown_request that came on shell is answered on shell; everything else on control.
@@ -673,17 +698,8 @@ void KernelServer::HandleControl(Message request) {
         gate_->Cancel(exec_id.is_string() ? exec_id.get<std::string>() : "",
                       reason.is_string() ? reason.get<std::string>() : "", decide);
     SendReply(socket, request, Dump(Json{{"status", "ok"}, {"cancelled", cancelled}}));
-  } else if (type == "nbos_checkpoint_request") {
-    // Suspending an idle kernel: its replicated state goes to the blob store.
-    auto key = gate_ != nullptr
-                   ? gate_->SaveCheckpoint()
-                   : Result<std::string>(InvalidArgument("this kernel is not replicated"));
-    SendReply(socket, request,
-              Dump(key.ok() ? Json{{"status", "ok"}, {"key", *key}}
-                            : Json{{"status", "error"},
-                                   {"ename", "CheckpointError"},
-                                   {"evalue", key.status().message()},
-                                   {"traceback", Json::array()}}));
+  } else if (type == "nbos_checkpoint_request" || type == "nbos_blob_refs_request") {
+    SendReply(socket, request, Dump(AnswerStateRequest(type)));
   } else if (type == "nbos_execution_request") {
     SendReply(socket, request, AnswerLastExecution());
   } else if (type == "nbos_membership_request") {

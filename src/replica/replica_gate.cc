@@ -9,6 +9,7 @@
 #include "common/ids.h"
 #include "replica/python_engine.h"
 #include "replication/peer_auth.h"
+#include "store/blob_refs.h"
 
 namespace nbos::replica {
 
@@ -35,31 +36,13 @@ constexpr std::string_view kCancelledOutcome = "cancelled";
 // trip while a majority answers; without one, the answer is "not known" at once.
 constexpr std::chrono::milliseconds kCancelDecisionWait{1500};
 
+unsigned RaftTrailing(unsigned snapshot_threshold) {
+  return std::min(128u, snapshot_threshold / 2);
+}
+
 // The winner an outcome names (0: nobody, also for a cancelled election).
 ReplicaId WinnerOf(const Json& outcome) {
   return outcome.is_number_unsigned() ? outcome.get<ReplicaId>() : 0;
-}
-
-// Blob keys a delta refers to, read from its header without Python. The layout is nbos_state's
-// (python/nbos_state.py): "NBSD", version 1, kind, u32 little-endian header length, JSON header
-// with "payload": key (a large pickle payload kept in the store), "blobs": [[token, key], ...]
-// and "oob": [key, ...]. Anything else yields no keys.
-std::vector<std::string> DeltaBlobKeys(std::string_view delta) {
-  std::vector<std::string> keys;
-  if (delta.size() < 10 || delta.substr(0, 4) != "NBSD" || delta[4] != 1) return keys;
-  uint32_t len = 0;
-  for (int i = 3; i >= 0; --i) len = (len << 8) | static_cast<uint8_t>(delta[6 + i]);
-  if (len > delta.size() - 10) return keys;
-  Json header = Json::parse(delta.substr(10, len), nullptr, false);
-  if (!header.is_object()) return keys;
-  if (auto p = header.find("payload"); p != header.end() && p->is_string()) keys.push_back(*p);
-  for (const auto& b : header.value("blobs", Json::array())) {
-    if (b.is_array() && b.size() == 2 && b[1].is_string()) keys.push_back(b[1]);
-  }
-  for (const auto& k : header.value("oob", Json::array())) {
-    if (k.is_string()) keys.push_back(k);
-  }
-  return keys;
 }
 
 // A ReplicaGate whose start runs on another thread until the first call needs it.
@@ -71,6 +54,7 @@ class BackgroundStartedGate final : public ExecutionGate {
 
   void Attach(PythonEngine* engine) override { Gate().Attach(engine); }
   Result<std::string> SaveCheckpoint() override { return Gate().SaveCheckpoint(); }
+  Result<std::vector<std::string>> BlobRefs() override { return Gate().BlobRefs(); }
   Result<Decision> Elect(const jupyter::Message& request) override { return Gate().Elect(request); }
   Status Commit(const Decision& decision, const jupyter::Message& request,
                 const std::string& reply_content) override {
@@ -144,7 +128,7 @@ Result<std::unique_ptr<ReplicaGate>> ReplicaGate::Start(const ReplicaOptions& op
   raft.data_dir = options.data_dir;
   raft.bootstrap = options.peers;
   raft.snapshot_threshold = options.snapshot_threshold;
-  raft.snapshot_trailing = std::min(128u, options.snapshot_threshold / 2);
+  raft.snapshot_trailing = RaftTrailing(options.snapshot_threshold);
   // Lets bench/replication_bench.py measure followers without the nudge in the same build.
   raft.nudge_followers = std::getenv("NBOS_RAFT_NO_NUDGE") == nullptr;
   ReplicaGate* g = gate.get();
@@ -194,6 +178,7 @@ ReplicaGate::~ReplicaGate() {
 
 void ReplicaGate::LockedMachine::Apply(std::string_view command) {
   MutexLock lock(&gate_->machine_mu_);
+  ++gate_->entries_applied_;
   gate_->machine_.Apply(command);
 }
 
@@ -205,6 +190,36 @@ std::string ReplicaGate::LockedMachine::Snapshot() {
 Status ReplicaGate::LockedMachine::Restore(std::string_view snapshot) {
   MutexLock lock(&gate_->machine_mu_);
   return gate_->machine_.Restore(snapshot);
+}
+
+uint64_t ReplicaGate::RecentRefEntries() const {
+  return options_.snapshot_threshold + RaftTrailing(options_.snapshot_threshold);
+}
+
+void ReplicaGate::RememberRefs(std::vector<std::string> keys) {
+  const uint64_t applied = entries_applied_.load();
+  MutexLock lock(&refs_mu_);
+  if (!keys.empty()) recent_refs_.emplace_back(applied, std::move(keys));
+  while (!recent_refs_.empty() && recent_refs_.front().first + RecentRefEntries() < applied) {
+    recent_refs_.pop_front();
+  }
+}
+
+Result<std::vector<std::string>> ReplicaGate::BlobRefs() {
+  std::set<std::string> keys;
+  {
+    MutexLock lock(&machine_mu_);
+    store::AddBlobKeysIn(machine_.checkpoint(), &keys);
+    for (const JournalRecord& r : machine_.journal()) store::AddBlobKeysIn(r.payload, &keys);
+  }
+  {
+    MutexLock lock(&refs_mu_);
+    const uint64_t applied = entries_applied_.load();
+    for (const auto& [applied_before, entry] : recent_refs_) {
+      if (applied_before + RecentRefEntries() >= applied) keys.insert(entry.begin(), entry.end());
+    }
+  }
+  return std::vector<std::string>(keys.begin(), keys.end());
 }
 
 // A member behind the log would checkpoint an older state, and the kernel resumed from it would
@@ -266,17 +281,17 @@ void ReplicaGate::OnDelta(const std::string& exec_id, ReplicaId executor,
                           const std::string& payload) {
   // Start downloading while the delta waits its turn, so applying it (or taking over after a
   // failover) does not wait on the store.
-  if (executor != options_.replica_id) {
-    std::vector<std::string> keys = DeltaBlobKeys(payload);
-    if (!keys.empty()) {
-      spdlog::info("execution {}: prefetching {} blobs", exec_id, keys.size());
-      store_->Prefetch(keys);
-    }
+  std::vector<std::string> keys = store::BlobKeysOfContainer(payload);
+  if (executor != options_.replica_id && !keys.empty()) {
+    spdlog::info("execution {}: prefetching {} blobs", exec_id, keys.size());
+    store_->Prefetch(keys);
   }
+  RememberRefs(std::move(keys));
   Enqueue({Event::Kind::kDelta, exec_id, executor, payload, {}, {}});
 }
 void ReplicaGate::OnBlobHint(const std::string& exec_id, ReplicaId executor,
                              const std::vector<std::string>& keys) {
+  RememberRefs(keys);
   if (executor == options_.replica_id || keys.empty()) return;
   spdlog::debug("execution {}: prefetching {} hinted blobs", exec_id, keys.size());
   store_->Prefetch(keys);

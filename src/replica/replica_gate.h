@@ -100,6 +100,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // Thread-safe: the replicated state, with every entry committed when it was called, stored in
   // the blob store. Unavailable when the commit index cannot be learnt (no majority) in time.
   Result<std::string> SaveCheckpoint() EXCLUDES(machine_mu_) override;
+  Result<std::vector<std::string>> BlobRefs() EXCLUDES(machine_mu_, refs_mu_) override;
   // Adds (AddSpare, then promotion to voter after catch-up) or removes a member through the
   // leader; see ProposalRouter::AddMember and RemoveMember for idempotency and errors. Waits at
   // most ReplicaOptions::membership_timeout.
@@ -249,6 +250,16 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::atomic<uint64_t> hinted_keys_{0};
   // Raft connections and forwarded requests refused for not proving the kernel's key.
   std::atomic<uint64_t> peers_refused_{0};
+  // The keys of the deltas and blob hints among the last RecentRefEntries() log entries applied
+  // here, with the count of entries applied before each: a member that replays its log from its
+  // last Raft snapshot, or a lagging one that the leader sends what it keeps after its own, may
+  // still apply them after the journal dropped them, so BlobRefs names them too.
+  Mutex refs_mu_;
+  std::deque<std::pair<uint64_t, std::vector<std::string>>> recent_refs_ GUARDED_BY(refs_mu_);
+  std::atomic<uint64_t> entries_applied_{0};
+  void RememberRefs(std::vector<std::string> keys) EXCLUDES(refs_mu_);
+  // Raft keeps snapshot_threshold entries between snapshots and snapshot_trailing behind one.
+  uint64_t RecentRefEntries() const;
   void OnPeerRefused(const std::string& why);
 
   // Engine's thread only.

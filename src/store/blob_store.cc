@@ -387,6 +387,10 @@ Result<std::unique_ptr<BlobBuffer>> BlobStore::GetBuffer(std::string_view key) {
   return std::unique_ptr<BlobBuffer>(std::make_unique<StringBlobBuffer>(std::move(*bytes)));
 }
 
+Result<std::vector<StoredBlob>> BlobStore::List() {
+  return InvalidArgument(Describe() + " cannot list its blobs");
+}
+
 Result<std::unique_ptr<BlobStore>> OpenBlobStore(std::string_view url) {
   std::string_view base = url.substr(0, url.find('?'));
   std::string_view query = base.size() < url.size() ? url.substr(base.size() + 1) : "";

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 
@@ -115,6 +116,12 @@ class StringBlobBuffer final : public BlobBuffer {
   std::string bytes_;
 };
 
+// A blob as a listing names it.
+struct StoredBlob {
+  std::string key;
+  uint64_t size_bytes = 0;
+};
+
 // A blob store. Implementations are thread-safe: one store may be shared by all threads.
 //
 // Errors common to every method: InvalidArgument for a malformed key; Unavailable when the backing
@@ -149,6 +156,12 @@ class BlobStore {
   // of the same content racing with Delete may report success for a blob that is then gone:
   // delete only blobs no replica is still publishing.
   virtual Status Delete(std::string_view key) = 0;
+
+  // Every complete blob in the store (what garbage collection weighs), in no particular order;
+  // partial uploads and anything that is not named by a valid key are left out. A blob put or
+  // deleted while the listing runs may or may not be in it. This default fails (kInvalidArgument:
+  // the store cannot list).
+  virtual Result<std::vector<StoredBlob>> List();
 
   // Where the blobs live, for logs and error messages: "dir:/path" or "redis://127.0.0.1:6379/0".
   virtual std::string Describe() const = 0;

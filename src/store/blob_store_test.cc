@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -400,6 +401,31 @@ TYPED_TEST(BlobStoreContractTest, VersionZeroKeysOfLargeBlobsStillRead) {
   EXPECT_THAT(this->store_->Get(old_key).status().message(), HasSubstr("corrupt blob " + old_key));
   EXPECT_THAT(this->store_->GetBuffer(old_key).status().message(),
               HasSubstr("corrupt blob " + old_key));
+}
+
+// Garbage collection weighs what List names: every stored blob once, with its size, and none
+// that was deleted.
+TYPED_TEST(BlobStoreContractTest, ListNamesEveryBlobWithItsSize) {
+  auto listed = [this] {
+    auto blobs = this->store_->List();
+    EXPECT_TRUE(blobs.ok()) << blobs.status().ToString();
+    std::map<std::string, uint64_t> sizes;
+    for (const StoredBlob& b : blobs.ok() ? *blobs : std::vector<StoredBlob>()) {
+      EXPECT_TRUE(sizes.emplace(b.key, b.size_bytes).second) << "listed twice: " << b.key;
+    }
+    return sizes;
+  };
+  const auto before = listed();
+  const std::string small = "a small blob", large = RandomBytes(TypeParam::kLargeBytes, 11);
+  const std::string small_key = *this->store_->Put(small), large_key = *this->store_->Put(large);
+  auto after = listed();
+  EXPECT_EQ(after.size(), before.size() + 2);
+  EXPECT_EQ(after[small_key], small.size());
+  EXPECT_EQ(after[large_key], large.size());
+  ASSERT_TRUE(this->store_->Delete(large_key).ok());
+  after = listed();
+  EXPECT_EQ(after.count(large_key), 0u);
+  EXPECT_EQ(after.count(small_key), 1u);
 }
 
 TYPED_TEST(BlobStoreContractTest, UnknownKeyIsNotFound) {

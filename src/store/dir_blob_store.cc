@@ -441,6 +441,30 @@ Result<bool> DirBlobStore::Contains(std::string_view key) {
   return IoError("cannot stat", path, errno);
 }
 
+// Blobs live only in the 256 fan-out directories, under their keys; temporary and spare files
+// there have other names.
+Result<std::vector<StoredBlob>> DirBlobStore::List() {
+  std::vector<StoredBlob> blobs;
+  std::error_code ec;
+  for (const auto& fan : std::filesystem::directory_iterator(root_, ec)) {
+    const std::string fan_name = fan.path().filename().string();
+    if (fan_name.size() != 2 || !fan.is_directory(ec)) continue;
+    std::error_code inner;
+    for (const auto& entry : std::filesystem::directory_iterator(fan.path(), inner)) {
+      const std::string name = entry.path().filename().string();
+      if (!IsValidBlobKey(name) || name.compare(0, 2, fan_name) != 0) continue;
+      struct stat st;
+      if (::stat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // deleted
+      blobs.push_back({name, static_cast<uint64_t>(st.st_size)});
+    }
+    if (inner && inner != std::errc::no_such_file_or_directory) {
+      return Unavailable("cannot list " + fan.path().string() + ": " + inner.message());
+    }
+  }
+  if (ec) return Unavailable("cannot list " + root_.string() + ": " + ec.message());
+  return blobs;
+}
+
 Status DirBlobStore::Delete(std::string_view key) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
   std::filesystem::path path = PathFor(key);

@@ -64,6 +64,7 @@ class DirBlobStore final : public BlobStore {
   Result<std::unique_ptr<BlobBuffer>> GetBuffer(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
+  Result<std::vector<StoredBlob>> List() override;
   // "dir:/root", plus "?fsync=1" when enabled and "spare_mb=N" when set: a URL for OpenBlobStore.
   std::string Describe() const override;
 

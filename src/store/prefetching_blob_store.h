@@ -40,6 +40,7 @@ class PrefetchingBlobStore final : public BlobStore {
   }
   Result<bool> Contains(std::string_view key) override { return backing_->Contains(key); }
   Status Delete(std::string_view key) EXCLUDES(mu_) override;
+  Result<std::vector<StoredBlob>> List() override { return backing_->List(); }
   std::string Describe() const override { return backing_->Describe(); }
 
   uint64_t hits() const EXCLUDES(mu_);

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
@@ -498,6 +499,54 @@ Result<bool> RedisBlobStore::Contains(std::string_view key) {
     if (!r.ok()) return r.status();
     return (*r)->integer == 1;
   });
+}
+
+// SCAN visits every key present for the whole scan at least once (duplicates are possible and
+// dropped); chunk keys ("<blob key>:<i>") are not blobs, the manifest or the value is.
+Result<std::vector<StoredBlob>> RedisBlobStore::List() {
+  return WithConnection([&](Connection& c) -> Result<std::vector<StoredBlob>> {
+    std::set<std::string> keys;
+    const std::string pattern = std::string(kKeyPrefix) + "*";
+    std::string cursor = "0";
+    do {
+      auto r = c.Command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+      if (!r.ok()) return r.status();
+      const redisReply& reply = **r;
+      if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
+          reply.element[1]->type != REDIS_REPLY_ARRAY) {
+        return c.ErrorReply("SCAN answered something else than [cursor, keys]");
+      }
+      cursor = std::string(ReplyText(*reply.element[0]));
+      for (size_t i = 0; i < reply.element[1]->elements; ++i) {
+        std::string_view name = ReplyText(*reply.element[1]->element[i]);
+        name.remove_prefix(kKeyPrefix.size());
+        if (IsValidBlobKey(name)) keys.emplace(name);
+      }
+    } while (cursor != "0");
+    std::vector<StoredBlob> blobs;
+    for (const std::string& key : keys) {
+      auto size = SizeLocked(c, key);
+      if (!size.ok()) return size.status();
+      if (size->has_value()) blobs.push_back({key, **size});
+    }
+    return blobs;
+  });
+}
+
+// The blob's size: its value's length, or its manifest's "size"; nullopt if it is gone.
+Result<std::optional<uint64_t>> RedisBlobStore::SizeLocked(Connection& c, std::string_view key) {
+  const std::string redis_key = RedisKey(key);
+  auto length = c.Raw({"STRLEN", redis_key});
+  if (!length.ok()) return length.status();
+  if ((*length)->type == REDIS_REPLY_INTEGER) {
+    if ((*length)->integer == 0) return std::optional<uint64_t>();  // gone (or empty)
+    return std::optional<uint64_t>((*length)->integer);
+  }
+  auto manifest = c.Command({"HGET", redis_key, "size"});
+  if (!manifest.ok()) return manifest.status();
+  size_t size = 0;
+  if (!ParseCount(manifest->get(), size)) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(size);
 }
 
 Status RedisBlobStore::Delete(std::string_view key) {

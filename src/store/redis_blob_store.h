@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,7 @@ class RedisBlobStore final : public BlobStore {
   Result<std::string> Get(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
+  Result<std::vector<StoredBlob>> List() override;
   std::string Describe() const override;  // "redis://host:port/db"
 
   // Round-trips a PING (connecting first if needed).
@@ -83,6 +85,7 @@ class RedisBlobStore final : public BlobStore {
   Status PutLocked(Connection& c, std::string_view key, std::string_view data);
   Result<std::string> GetLocked(Connection& c, std::string_view key);
   Status DeleteLocked(Connection& c, std::string_view key);
+  Result<std::optional<uint64_t>> SizeLocked(Connection& c, std::string_view key);
 
   const RedisBlobStoreOptions options_;
   const std::string server_;  // "host:port", for messages

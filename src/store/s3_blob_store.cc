@@ -411,6 +411,37 @@ Result<bool> S3BlobStore::Contains(std::string_view key) {
   return true;
 }
 
+// ListObjectsV2, a page (up to 1,000 objects) at a time. Objects under the prefix whose rest is
+// not a blob key (anything else kept there) are left out; unfinished multipart uploads are not
+// objects.
+Result<std::vector<StoredBlob>> S3BlobStore::List() {
+  std::vector<StoredBlob> blobs;
+  std::string token;
+  for (;;) {
+    // SigV4 signs the query with its parameters in this (sorted) order.
+    std::string query = token.empty() ? "" : "continuation-token=" + Escape(token) + "&";
+    query += "list-type=2&prefix=" + Escape(options_.prefix);
+    auto page = Send({.method = "GET", .query = query});
+    if (Status s = Check(page, "listing the bucket"); !s.ok()) return s;
+    const std::string& xml = page->body;
+    for (size_t at = xml.find("<Contents>"); at != std::string::npos;
+         at = xml.find("<Contents>", at + 1)) {
+      const size_t end = xml.find("</Contents>", at);
+      if (end == std::string::npos) break;
+      const std::string contents = xml.substr(at, end - at);
+      const std::string name = XmlField(contents, "Key");
+      if (name.compare(0, options_.prefix.size(), options_.prefix) != 0) continue;
+      const std::string key = name.substr(options_.prefix.size());
+      if (!IsValidBlobKey(key)) continue;
+      blobs.push_back({key, std::strtoull(XmlField(contents, "Size").c_str(), nullptr, 10)});
+    }
+    if (XmlField(xml, "IsTruncated") != "true") return blobs;
+    token = XmlField(xml, "NextContinuationToken");
+    if (token.empty())
+      return Unavailable("S3 at " + Describe() + " truncated a listing without a token");
+  }
+}
+
 Status S3BlobStore::Delete(std::string_view key) {
   if (Status s = CheckBlobKey(key); !s.ok()) return s;
   auto del = Send({.method = "DELETE", .object = ObjectName(key)});

@@ -61,6 +61,7 @@ class S3BlobStore final : public BlobStore {
   Result<std::string> Get(std::string_view key) override;
   Result<bool> Contains(std::string_view key) override;
   Status Delete(std::string_view key) override;
+  Result<std::vector<StoredBlob>> List() override;
   std::string Describe() const override;
 
   struct Response {
