@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "common/ids.h"
+#include "common/spawn.h"
 #include "control/control.grpc.pb.h"
 #include "daemon/grpc_status.h"
 #include "daemon/sandbox.h"
@@ -231,6 +232,12 @@ SandboxPolicy BaseSandboxPolicy(const DaemonOptions& options, const std::string&
     }
   }
   policy.env_passed = DefaultPassedEnvironment("");
+  SanitizerPaths sanitizer = SanitizerPathsIn(BuildEnvironment({}));
+  for (std::string& p : sanitizer.writable) {
+    fs::create_directories(p, ec);
+    policy.writable.push_back(std::move(p));
+  }
+  for (std::string& p : sanitizer.readable) policy.readable.push_back(std::move(p));
   return policy;
 }
 

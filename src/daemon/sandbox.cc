@@ -113,10 +113,46 @@ void AddParents(const std::string& path, std::set<std::string>* made,
 }  // namespace
 
 std::vector<std::string> DefaultPassedEnvironment(std::string_view blob_store_url) {
-  std::vector<std::string> names = {
-      "PATH", "LANG", "LANGUAGE", "LC_*", "TZ", "LD_LIBRARY_PATH", "CUDA_*", "NVIDIA_*"};
+  std::vector<std::string> names = {"PATH",
+                                    "LANG",
+                                    "LANGUAGE",
+                                    "LC_*",
+                                    "TZ",
+                                    "LD_LIBRARY_PATH",
+                                    "CUDA_*",
+                                    "NVIDIA_*",
+                                    "ASAN_OPTIONS",
+                                    "TSAN_OPTIONS",
+                                    "UBSAN_OPTIONS",
+                                    "LSAN_OPTIONS"};
   if (blob_store_url.starts_with("s3://")) names.push_back("AWS_*");
   return names;
+}
+
+SanitizerPaths SanitizerPathsIn(const std::vector<std::string>& daemon_env) {
+  SanitizerPaths paths;
+  for (const std::string& kv : daemon_env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || !kv.substr(0, eq).ends_with("SAN_OPTIONS")) continue;
+    // The sanitizers split their options at spaces, colons and commas.
+    std::string text = kv.substr(eq + 1);
+    std::replace_if(
+        text.begin(), text.end(), [](char c) { return c == ':' || c == ','; }, ' ');
+    std::string option;
+    std::istringstream options(text);
+    while (options >> option) {
+      for (const std::string_view prefix : {"log_path=/", "suppressions=/"}) {
+        if (!option.starts_with(prefix)) continue;
+        const std::string path = option.substr(prefix.size() - 1);
+        if (prefix == "suppressions=/") {
+          paths.readable.push_back(path);
+        } else {
+          paths.writable.push_back(fs::path(path).parent_path().string());
+        }
+      }
+    }
+  }
+  return paths;
 }
 
 std::vector<std::string> SandboxCommand(const SandboxPolicy& policy,

@@ -42,8 +42,19 @@ struct SandboxPolicy {
 };
 
 // The daemon environment names a replica needs, before any operator addition: locale, PATH, the
-// dynamic loader's path, CUDA's and NVIDIA's settings. `blob_store_url` s3://... adds AWS_*.
+// dynamic loader's path, CUDA's and NVIDIA's settings, the sanitizers' options (so a sanitizer
+// build's replicas report as its daemon does). `blob_store_url` s3://... adds AWS_*.
 std::vector<std::string> DefaultPassedEnvironment(std::string_view blob_store_url);
+
+// What the sanitizers' options in `daemon_env` (NAME=VALUE; ASAN_, TSAN_, UBSAN_, LSAN_OPTIONS)
+// name on disk: the directories of their absolute `log_path`s (`writable`, where replicas must
+// write their reports instead of the stderr that a running cell's output captures) and their
+// absolute `suppressions` files (`readable`, e.g. under a hidden /tmp).
+struct SanitizerPaths {
+  std::vector<std::string> writable;
+  std::vector<std::string> readable;
+};
+SanitizerPaths SanitizerPathsIn(const std::vector<std::string>& daemon_env);
 
 // `bwrap ... -- argv...`: the command that runs `argv` in the sandbox `policy` describes.
 // argv[0] must be an absolute path visible read-only in the sandbox.

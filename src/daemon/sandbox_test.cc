@@ -73,6 +73,19 @@ TEST(SandboxEnvironment, KeepsOnlyWhatThePolicyNamesThenAddsTheReplicasOwn) {
                           "PATH=/usr/bin"));
 }
 
+TEST(SanitizerPathsIn, NamesReportDirectoriesAndSuppressionsOfEverySanitizer) {
+  const SanitizerPaths paths = SanitizerPathsIn(
+      {"TSAN_OPTIONS=log_path=/tmp/r/report halt_on_error=0 suppressions=/tmp/s/tsan.supp",
+       "ASAN_OPTIONS=detect_leaks=0:log_path=/var/a/log,suppressions=relative.supp",
+       "UBSAN_OPTIONS=log_path=stderr", "NOT_A_SAN=log_path=/x/y", "BROKEN"});
+  EXPECT_THAT(paths.writable, ElementsAre("/tmp/r", "/var/a"));
+  EXPECT_THAT(paths.readable, ElementsAre("/tmp/s/tsan.supp"));
+  SandboxPolicy policy;
+  policy.env_passed = DefaultPassedEnvironment("");
+  EXPECT_THAT(SandboxEnvironment(policy, {"TSAN_OPTIONS=a=1", "HOME=/root"}, {}),
+              ElementsAre("TSAN_OPTIONS=a=1"));
+}
+
 TEST(SandboxUserId, IsStablePerKernelAndInRange) {
   const uint32_t a = SandboxUserId("5f0c2a9e-aaaa", 1u << 30, 1u << 24);
   EXPECT_EQ(a, SandboxUserId("5f0c2a9e-aaaa", 1u << 30, 1u << 24));

@@ -221,8 +221,13 @@ struct RaftNode::Impl {
     // nudge.
     if (status == 0 && !r->done.empty() && self->waiting.empty() && self->options.nudge_followers) {
       self->SubmitNudge();
-    } else {
+    } else if (status == 0) {
       self->SubmitWaiting();
+    } else {
+      // A failed request is failed while C-Raft converts a deposed leader: it still reads as
+      // leader but has freed its followers' progress, so raft_apply from here would crash. The
+      // next loop turn sees the follower it became (and fails the waiting ones: not leader).
+      self->Post([self] { self->SubmitWaiting(); });
     }
   }
 

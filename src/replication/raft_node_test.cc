@@ -271,6 +271,28 @@ TEST_F(RaftNodeTest, CloseFailsPendingWorkInsteadOfLosingCallbacks) {
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
 }
 
+// C-Raft fails a deposed leader's requests while it still reads as leader but has dropped its
+// followers' progress: proposing again from that callback crashed the member (seen in the
+// campaign). Here one batch is in flight and more wait when the leader loses its majority.
+TEST_F(RaftNodeTest, ALeaderThatLosesItsMajorityFailsInFlightAndWaitingProposals) {
+  size_t leader = Leader();
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "before").ok());
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (i != leader) nodes_[i].reset();
+  }
+  std::vector<std::future<Result<uint64_t>>> results;
+  for (int i = 0; i < 20; ++i) {
+    auto p = std::make_shared<std::promise<Result<uint64_t>>>();
+    results.push_back(p->get_future());
+    nodes_[leader]->Propose("x", [p](Result<uint64_t> r) { p->set_value(r); });
+  }
+  for (auto& f : results) {
+    ASSERT_EQ(f.wait_for(20s), std::future_status::ready);
+    EXPECT_EQ(f.get().status().code(), StatusCode::kUnavailable);
+  }
+  EXPECT_TRUE(WaitFor([&] { return nodes_[leader]->Leader().id != leader + 1; }));
+}
+
 TEST_F(RaftNodeTest, LeaderMembersAndLastAppliedAnswerWhileTheLoopIsBusy) {
   size_t leader = Leader();
   ASSERT_TRUE(ProposeSync(*nodes_[leader], "a").ok());
