@@ -66,8 +66,12 @@ void Registry::OnRegister(const control::RegisterRequest& req) {
   } else if (Status st = scheduler_.OnServerJoined(NowMs(), view); !st.ok()) {
     spdlog::error("registering server {}: {}", req.server_id(), st.ToString());
   }
-  // Kernels restored from the database join the scheduler's view once all their servers are
-  // back.
+  JoinRestoredKernels();
+}
+
+// Kernels restored from the database join the scheduler's view once it knows all their servers:
+// registered again, or given up on (ExpireUnregistered).
+void Registry::JoinRestoredKernels() {
   for (auto& [id, k] : kernels_) {
     if (k.in_cluster || k.suspended) continue;
     bool all = true;
@@ -223,6 +227,28 @@ void Registry::ExpireUnregistered(SteadyClock::time_point now, std::vector<Liven
         "lost",
         id);
     NoteEventLocked("server-lost", "", id + " has not registered since the gateway started");
+  }
+  OrphanOnUnregistered(silent);
+}
+
+// Its kernels join the scheduler's view with their replicas there orphaned, as a server that left
+// would leave them: the scheduler moves orphans first, and counts them again should the server
+// register after all. It knows a kernel only with each replica's server, so the server joins
+// (with no resources, taking nothing) and leaves around the kernels' joining.
+void Registry::OrphanOnUnregistered(const std::set<std::string>& silent) {
+  std::vector<std::string> joined;
+  for (const std::string& id : silent) {
+    if (scheduler_.cluster().FindServer(id) != nullptr) continue;
+    sched::ServerView unknown;
+    unknown.server_id = id;
+    unknown.accepting = false;
+    if (Status st = scheduler_.OnServerJoined(NowMs(), unknown); st.ok()) joined.push_back(id);
+  }
+  JoinRestoredKernels();
+  for (const std::string& id : joined) {
+    if (Status st = scheduler_.OnServerLeft(NowMs(), id); !st.ok()) {
+      spdlog::error("server {}: {}", id, st.ToString());
+    }
   }
 }
 
@@ -717,7 +743,16 @@ ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) co
   }
   for (const StoredReplica& r : k.meta.replicas) {
     auto server = servers_.find(r.server_id);
-    if (server == servers_.end()) continue;  // not registered since the gateway started
+    if (server == servers_.end()) {
+      // Not registered since the gateway started: lost once ExpireUnregistered said so.
+      auto live = k.replica_live.find(r.replica_id);
+      if (live == k.replica_live.end() || live->second) continue;
+      *reason = fmt::format(
+          "replacing replica {}, whose server {} has not registered since the "
+          "gateway started",
+          r.replica_id, r.server_id);
+      return r.replica_id;
+    }
     *reason = "replacing a lost replica";
     if (!server->second.alive) return r.replica_id;
     if (server->second.forgotten.count({k.meta.kernel_id, r.replica_id})) {

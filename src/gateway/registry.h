@@ -326,6 +326,7 @@ class Registry {
  private:
   int64_t NowMs() const;
   Status AddToCluster(KernelRecord& kernel) REQUIRES(mu_);
+  void JoinRestoredKernels() REQUIRES(mu_);
   Result<std::vector<std::string>> PlaceLocked(KernelRecord& kernel, int replicas) REQUIRES(mu_);
   std::vector<ReplicaRef> FindOrphans(ServerRecord& server) REQUIRES(mu_);
   // Updates server.missing_seen and server.forgotten from its last status.
@@ -335,6 +336,7 @@ class Registry {
   // The replicas on servers that never registered (ExpireServers).
   void ExpireUnregistered(SteadyClock::time_point now, std::vector<LivenessChange>* lost)
       REQUIRES(mu_);
+  void OrphanOnUnregistered(const std::set<std::string>& silent) REQUIRES(mu_);
   std::shared_ptr<daemon::DaemonClient> ClientLocked(const std::string& server_id) const
       REQUIRES(mu_);
   // The first of the kernel's replicas that must move (lost, on a draining server, or diverged

@@ -388,6 +388,26 @@ def test_a_replica_that_left_the_group_stays_out_after_a_gateway_restart(cluster
     runs_cells_with_one_more_server_frozen(c, kid, replicas)
 
 
+def test_a_gateway_restarted_while_a_server_is_down_for_good_replaces_its_replicas(cluster):
+    """The gateway is down when a standby's server goes down for good. Restarted, it never hears
+    from that server: once the server timeout passes it counts the replica there lost and
+    replaces it, so the kernel is whole again (three live replicas, none on the lost server) with
+    its state on each, and runs on with one more server frozen."""
+    c = cluster
+    kid, ks, executor, host = kernel_with_x(c)
+    lost = next(rid for rid in sorted(host) if rid != executor)
+    ks.close()
+    c.kill_gateway()
+    c.kill_host(host[lost])
+    c.gateway = c.start_gateway()
+    replicas = wait_whole(c, kid, {f"host-{host[lost]}"}, set(), timeout=150)
+    assert lost not in replicas, replicas
+    ks = KernelSocket(c.url, kid, c.token)
+    assert x_on_every_replica(c, ks, kid) == {"41"}
+    ks.close()
+    runs_cells_with_one_more_server_frozen(c, kid, replicas)
+
+
 def wait_migration_done(c, kid, seen):
     """Polls until the kernel has no migration running; collects what the view showed."""
     deadline = time.time() + 90
