@@ -801,6 +801,12 @@ void AddDaemonOptions(CLI::App* d, DaemonArgs* args) {
   d->add_option("--sandbox-share", args->options.sandbox_share,
                 "A directory every replica may write, e.g. a team's scratch space (repeatable; "
                 "its permissions decide which kernels' users can)");
+  d->add_option("--max-restarts", args->options.max_restarts,
+                "Restarts of a replica that died within 5 minutes before its daemon gives up on "
+                "it (the gateway then replaces it, or launches it again if its kernel needs it "
+                "for a majority)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 // `nbos up`: the cluster and its front end.

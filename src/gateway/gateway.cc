@@ -17,6 +17,7 @@
 #include "gateway/migrator.h"
 #include "gateway/planner.h"
 #include "gateway/registry.h"
+#include "gateway/replica_ops.h"
 #include "http/server.h"
 #include "sched/journal.h"
 
@@ -59,6 +60,7 @@ struct Gateway::Impl {
   // A kernel whose lost replica could not be replaced (no majority, no server) tries again after
   // this long.
   static constexpr std::chrono::milliseconds kReplacementRetry{2000};
+  static constexpr std::chrono::milliseconds kRevivalInterval{5000};
   // A scale-in whose server could not be emptied in this time is called off.
   static constexpr std::chrono::milliseconds kReleaseGiveUp{120000};
 
@@ -96,6 +98,7 @@ struct Gateway::Impl {
                    r.plan.replica_id, r.plan.from_server_id, r.plan.to_server_id, r.reason);
       migrator->Start(r.kernel_id, r.plan, r.reason);
     }
+    for (const Revival& r : registry->PlanRevivals(kRevivalInterval)) Revive(r);
     std::optional<sched::ScalingDecision> scaling;
     if (TickIntervalMs() > 0 && SteadyClock::now() >= *next_tick) {
       *next_tick = SteadyClock::now() + std::chrono::milliseconds(TickIntervalMs());
@@ -110,6 +113,19 @@ struct Gateway::Impl {
     if (options.host_provider) Scale(scaling);
     if (options.idle_suspend_ms > 0) {
       kernels->SuspendIdle(std::chrono::milliseconds(options.idle_suspend_ms));
+    }
+  }
+
+  void Revive(const Revival& r) {
+    spdlog::warn(
+        "kernel {}: launching replica {} on {} again: its daemon gave up restarting it, and the "
+        "kernel has no majority without it",
+        r.meta.kernel_id, r.replica_id, r.server_id);
+    if (!r.client) return;
+    if (auto launched = r.client->LaunchReplica(LaunchRequest(r.meta, r.replica_id, {}));
+        !launched.ok()) {
+      spdlog::error("kernel {}: launching replica {} on {} again: {}", r.meta.kernel_id,
+                    r.replica_id, r.server_id, launched.status().ToString());
     }
   }
 

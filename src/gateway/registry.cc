@@ -852,6 +852,33 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
   return plans;
 }
 
+std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
+  MutexLock lock(&mu_);
+  std::vector<Revival> revivals;
+  const auto now = SteadyClock::now();
+  for (auto& [id, k] : kernels_) {
+    if (!k.session || k.suspended || k.migrating) continue;
+    size_t live = 0;
+    for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
+    if (2 * live > k.meta.replicas.size()) continue;
+    for (const StoredReplica& r : k.meta.replicas) {
+      auto server = servers_.find(r.server_id);
+      if (server == servers_.end() || !server->second.alive || k.left_group.count(r.replica_id) ||
+          (k.revived_at.count(r.replica_id) && now - k.revived_at[r.replica_id] < every)) {
+        continue;
+      }
+      for (const auto& st : server->second.status.replicas()) {
+        if (st.kernel_id() == id && st.replica_id() == r.replica_id && st.state() == "exited" &&
+            st.exit_code() != 0) {
+          k.revived_at[r.replica_id] = now;
+          revivals.push_back({k.meta, r.replica_id, r.server_id, server->second.client});
+        }
+      }
+    }
+  }
+  return revivals;
+}
+
 // A replica its server no longer runs is gone with its log (a restarted daemon forgets both);
 // one on a lost server may come back. When the gone ones leave no majority, none can form again.
 void Registry::NoteMajorityLost(KernelRecord& k) {

@@ -68,6 +68,8 @@ struct KernelRecord {
   // good, whatever their servers report, until replaced.
   std::set<ReplicaId> left_group;
   std::chrono::milliseconds divergence_backoff{0};
+  // When PlanRevivals last asked for each replica's restart.
+  std::map<ReplicaId, SteadyClock::time_point> revived_at;
 };
 
 struct ServerRecord {
@@ -156,6 +158,15 @@ struct MovePlan {
   std::string kernel_id;
   sched::MigrationPlan plan;
   std::string reason;  // "replacing a lost replica", "draining server host-2"
+};
+
+// A replica its daemon gave up restarting (it kept dying past the restart budget) that its
+// kernel needs for a majority: launched again where it is, from its own Raft log.
+struct Revival {
+  StoredKernel meta;
+  ReplicaId replica_id = 0;
+  std::string server_id;
+  std::shared_ptr<daemon::DaemonClient> client;
 };
 
 // Everything the cluster view and the metrics show, copied at one moment.
@@ -279,6 +290,12 @@ class Registry {
   // for good) or its server drains. A kernel without a live majority, or whose plan has no
   // target, waits (its next try backs off for `retry`).
   std::vector<MovePlan> PlanMoves(std::chrono::milliseconds retry) EXCLUDES(mu_);
+  // Kernels without a live majority whose replicas on live servers were given up by their
+  // daemons (exited with an error past the restart budget: killed or crashed too often): no
+  // replacement can join without a majority, and the given-up replica's log is still on its
+  // server, so it is launched again, each no more often than `every`. Without this a burst of
+  // kills that spends two replicas' budgets leaves the kernel stopped for good.
+  std::vector<Revival> PlanRevivals(std::chrono::milliseconds every) EXCLUDES(mu_);
   // The kernel's session says `replica` cannot follow its log (`why`), or, with `why` empty,
   // follows again. PlanMoves replaces such a replica like a lost one, each replacement of one
   // kernel's diverged replicas waiting twice as long as the one before (2 s up to 5 minutes;

@@ -408,6 +408,37 @@ def test_a_gateway_restarted_while_a_server_is_down_for_good_replaces_its_replic
     runs_cells_with_one_more_server_frozen(c, kid, replicas)
 
 
+def test_replicas_their_daemons_gave_up_are_launched_again_when_the_kernel_needs_them():
+    """Two of a kernel's replicas die on daemons that restart a replica no more
+    (`--max-restarts 0`, as any daemon after a burst of kills): the kernel has no majority, so
+    no replacement can join. The gateway launches the given-up replicas again, from their own
+    logs, and the kernel runs cells with its state."""
+    c = split_cluster(hosts=3, daemon_args=("--max-restarts", "0"))
+    try:
+        kid, ks, executor, host = kernel_with_x(c)
+        ks.close()
+        pids = {r["replica_id"]: r["pid"] for r in kernel_view(c, kid)[0]["replicas"]}
+        victims = [rid for rid in sorted(pids) if rid != executor]
+        for rid in victims:
+            os.kill(pids[rid], signal.SIGKILL)
+        # Each runs again in a new process its daemon did not start on its own (it restarts
+        # none): the gateway launched it.
+        deadline = time.time() + 90
+        while True:
+            replicas = wait_whole(c, kid, set(), set())
+            if all(replicas[rid]["pid"] not in (0, pids[rid]) for rid in victims):
+                break
+            assert time.time() < deadline, replicas
+            time.sleep(0.1)
+        assert sorted(replicas) == sorted(pids), replicas  # the same replicas, not replacements
+        assert all(replicas[rid]["restarts"] == 0 for rid in victims), replicas
+        ks = KernelSocket(c.url, kid, c.token)
+        assert x_on_every_replica(c, ks, kid) == {"41"}
+        ks.close()
+    finally:
+        c.close()
+
+
 def wait_migration_done(c, kid, seen):
     """Polls until the kernel has no migration running; collects what the view showed."""
     deadline = time.time() + 90
