@@ -546,7 +546,9 @@ std::string KernelServer::ServeDecision(const ExecutionGate::Decision& decision,
     case ExecutionGate::Role::kExecute:
       return ExecuteElected(decision, request, timings);
   }
-  return ErrorContent("ReplicationError", "unknown election outcome");
+  return ErrorContent("ReplicationError",
+                      "this replica does not know its election's outcome: whether the cell ran is "
+                      "not known");
 }
 
 std::string KernelServer::ExecuteElected(const ExecutionGate::Decision& decision,
@@ -569,7 +571,7 @@ std::string KernelServer::ExecuteElected(const ExecutionGate::Decision& decision
   if (!committed.ok()) {
     return ErrorContent(
         "ReplicationError",
-        "the cell ran but its effects could not be replicated: " + committed.message());
+        "the cell ran but its effects were not replicated in time: " + committed.message());
   }
   return content;
 }

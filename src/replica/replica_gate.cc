@@ -696,7 +696,16 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   entries.push_back(EncodeWithId(
       {KernelEntry::Type::kDone, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   auto committed = router_->ProposeAll(std::move(entries), options_.propose_timeout);
-  if (!committed.ok()) return ReturnToReplicatedState(decision.exec_id, committed.status());
+  if (!committed.ok()) {
+    // A proposal is at least once: the entries may still commit, so the answer cannot say the
+    // effects are lost.
+    return ReturnToReplicatedState(
+        decision.exec_id,
+        {committed.status().code(),
+         committed.status().message() +
+             "; whether the cell's effects still reach the kernel's log (and then every "
+             "replica) is not known: look at the kernel's state before running it again"});
+  }
   if (ran_ahead) {
     if (Status s = CheckRanAheadWon(decision.exec_id); !s.ok())
       return ReturnToReplicatedState(decision.exec_id, s);
