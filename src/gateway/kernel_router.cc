@@ -400,10 +400,16 @@ void KernelRouter::StartExecution(const ExecutionPlan& plan, Effects* out) {
   // this one before its LEAD commits (decision 0012). Only the gateway may say so.
   nbos.erase("previous_exec_id");
   if (!previous_exec_id_.empty()) nbos["previous_exec_id"] = previous_exec_id_;
+  // The cells given up on: whichever LEAD wins this cell's election cancels those still open,
+  // so none runs after it (a frozen executor that thaws with the request queued).
+  nbos.erase("cancels");
+  const std::vector<std::string> cancels(cancelled_exec_ids_.begin(), cancelled_exec_ids_.end());
+  if (!cancels.empty()) nbos["cancels"] = cancels;
   head.request.metadata["nbos"] = nbos;
   InFlight f;
   f.msg_id = head.request.msg_id();
   f.exec_id = nbos["exec_id"].get<std::string>();
+  f.cancels = cancels;
   f.header = head.request.header;
   f.plan = plan;
   f.received_us = head.received_us;
@@ -479,6 +485,10 @@ void KernelRouter::FinishExecution(Message* reply, Effects* out) {
   const bool unsettled =
       ename == "ExecutorLost" || ename == "ReplicationError" || ename == "ReplicasUnavailable";
   previous_exec_id_ = unsettled ? "" : done.exec_id;
+  // Its LEAD won, so the log has decided the cells it cancelled: later LEADs need not name them.
+  if (StringField(reply->content, "status") == "ok") {
+    for (const std::string& id : done.cancels) std::erase(cancelled_exec_ids_, id);
+  }
   if (!done.plan.grant_id.empty()) out->push_back(GrantReleaseWanted{done.plan});
   auto nbos_it = reply->metadata.find("nbos");
   if (nbos_it == reply->metadata.end() || !nbos_it->is_object()) {

@@ -17,7 +17,9 @@
 //   execute_request waits for the previous one's reply, then for a plan (PlanWanted ->
 //   PlanDone: an executor whose server granted the GPUs); it then goes to every live replica
 //   with metadata nbos.{exec_id, target_replica, gpu_ids} and previous_exec_id: the cell
-//   answered before it, unless one was abandoned or failed since (decision 0012). Its grant is
+//   answered before it, unless one was abandoned or failed since (decision 0012), and cancels:
+//   the newest cells abandoned or left unreplicated, which its winning LEAD cancels in the log
+//   if still undecided (none then runs after it). Its grant is
 //   released (GrantReleaseWanted) when the reply arrives, the request is failed, or the router
 //   closes. A plan that is nullopt is asked again after `replan_interval_ms` (TimerWanted); a plan
 //   error fails the request with that error. Other shell requests go to the primary replica (the
@@ -332,6 +334,7 @@ class KernelRouter {
     int64_t received_us = 0, planned_us = 0, sent_us = 0;
     bool stop_on_error = true;
     bool cancel_asked = false;                     // CancelForQuorum ran for it
+    std::vector<std::string> cancels;              // its nbos.cancels
     jupyter::Json waits = jupyter::Json::array();  // the wait notice's lines and their times
   };
   // The status line of the head execute_request while it waits (see Rules).

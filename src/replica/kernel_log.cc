@@ -150,13 +150,9 @@ void KernelStateMachine::Apply(std::string_view command) {
     case KernelEntry::Type::kYield:
       ApplyProposal(e);
       return;
-    case KernelEntry::Type::kCancel: {
-      Election& election = ElectionSlot(e.exec_id);
-      if (election.winner || election.failed) return;  // decided: the cancel comes too late
-      election.failed = election.cancelled = true;
-      if (listener_) listener_->OnCancelled(e.exec_id);
+    case KernelEntry::Type::kCancel:
+      Cancel(e.exec_id);
       return;
-    }
     case KernelEntry::Type::kDelta:
       journal_.push_back({e.type, e.exec_id, e.payload});
       ++journal_total_;
@@ -208,10 +204,25 @@ void KernelStateMachine::ApplyProposal(const KernelEntry& e) {
     election.winner = e.replica;
     Supersede(e.exec_id);
     if (listener_) listener_->OnElected(e.exec_id, e.replica);
+    // Cells the gateway gave up on before this one: none may win after it, which would apply an
+    // older cell's effects after this one's (a frozen executor running its queued request late).
+    const auto cancels = e.meta.find("cancels");
+    if (cancels != e.meta.end() && cancels->is_array()) {
+      for (const auto& id : *cancels)
+        if (id.is_string() && id.get_ref<const std::string&>() != e.exec_id)
+          Cancel(id.get<std::string>());
+    }
   } else if (election.yields.size() >= replicas_) {
     election.failed = true;
     if (listener_) listener_->OnAllYielded(e.exec_id);
   }
+}
+
+void KernelStateMachine::Cancel(const std::string& exec_id) {
+  Election& election = ElectionSlot(exec_id);
+  if (election.winner || election.failed) return;  // decided: the cancel comes too late
+  election.failed = election.cancelled = true;
+  if (listener_) listener_->OnCancelled(exec_id);
 }
 
 void KernelStateMachine::Supersede(const std::string& exec_id) {

@@ -78,6 +78,11 @@ class ProposalIds {
 // run" is a decision every replica holds, not one replica's belief: a LEAD after it, and the
 // delta, side effects and Done that follow that LEAD, change nothing anywhere.
 //
+// A LEAD may carry meta.cancels: executions the gateway gave up on before this one (answered
+// "not known" or left unreplicated). When the LEAD wins, each of them not yet decided is
+// cancelled, as a CANCEL would: none can win after a later cell, which would apply its effects
+// out of order.
+//
 // A LEAD may carry meta.ran_on: the journal_total() of the namespace its replica already ran the
 // cell on (an optimistic executor, DESIGN.md §3 as amended by decision 0012). It wins only if the
 // log's journal_total() is still that number where the LEAD lands, i.e. no other cell's effects
@@ -180,6 +185,8 @@ class KernelStateMachine final : public replication::StateMachine {
   void ApplyProposal(const KernelEntry& e);
   // `exec_id`'s LEAD won: the execution that won before it and has no Done yet is superseded.
   void Supersede(const std::string& exec_id);
+  // Decides `exec_id`'s election as cancelled unless it is decided already.
+  void Cancel(const std::string& exec_id);
   // Whether a delta, side effect or Done of `e.replica` for `e.exec_id` must be skipped.
   bool FromLoser(const KernelEntry& e) const;
 

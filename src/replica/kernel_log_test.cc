@@ -234,6 +234,32 @@ TEST(KernelStateMachineTest, ACancelAfterTheLeadWonChangesNothing) {
   EXPECT_FALSE(m.ElectionFor("e2")->overtaken);
 }
 
+// The campaign's seed 31: cell e1's executor froze with the request queued, the gateway answered
+// "not known" and went on; e2 ran on the others. Thawed, the executor proposed e1's LEAD, which
+// won and appended e1's effects after e2's. e2's LEAD names e1 as given up on: e1 is decided.
+TEST(KernelStateMachineTest, ALeadThatWinsCancelsTheCellsGivenUpBeforeIt) {
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  m.Apply(Lead("e0", 2));  // decided before: a cancel names it in vain
+  m.Apply(EncodeKernelEntry(
+      {KernelEntry::Type::kLead, "e2", 2, Json{{"cancels", {"e0", "e1", "e2", 7}}}, ""}));
+  m.Apply(Lead("e1", 1));
+  m.Apply(Delta("e1", 1, "L=[1]"));
+  m.Apply(Done("e1", 1));
+  EXPECT_EQ(r.events, (std::vector<std::string>{"elected e0 2", "superseded e0", "elected e2 2",
+                                                "cancelled e1"}));
+  EXPECT_TRUE(m.ElectionFor("e1")->cancelled);
+  EXPECT_FALSE(m.ElectionFor("e0")->cancelled);
+  EXPECT_EQ(m.ElectionFor("e2")->winner, 2u);
+  EXPECT_EQ(m.journal_total(), 0u);
+  // A LEAD that loses cancels nothing.
+  KernelStateMachine other(3, nullptr);
+  other.Apply(Lead("e5", 1));
+  other.Apply(
+      EncodeKernelEntry({KernelEntry::Type::kLead, "e5", 2, Json{{"cancels", {"e6"}}}, ""}));
+  EXPECT_FALSE(other.ElectionFor("e6").has_value());
+}
+
 TEST(KernelStateMachineTest, EffectsOfAnExecutionCommittedAfterALaterWinnerAreSkipped) {
   Recorder r;
   KernelStateMachine m(3, &r);

@@ -508,6 +508,14 @@ bool ReplicaGate::IsMember(ReplicaId id) {
   return false;
 }
 
+// The gateway's list of executions it gave up on, which this LEAD cancels if it wins.
+Json ReplicaGate::LeadMeta(const Json& nbos) {
+  Json meta = Json::object();
+  if (nbos.is_object() && nbos.contains("cancels") && nbos["cancels"].is_array())
+    meta["cancels"] = nbos["cancels"];
+  return meta;
+}
+
 Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& request) {
   const Json nbos = request.metadata.value("nbos", Json::object());
   Decision d;
@@ -540,7 +548,7 @@ Result<ExecutionGate::Decision> ReplicaGate::Elect(const jupyter::Message& reque
   Status s;
   if (lead || !IsMember(target)) {
     KernelEntry proposal{lead ? KernelEntry::Type::kLead : KernelEntry::Type::kYield, d.exec_id,
-                         options_.replica_id, Json::object(), ""};
+                         options_.replica_id, lead ? LeadMeta(nbos) : Json::object(), ""};
     s = Propose(std::move(proposal));
   }
   if (s.ok()) s = AwaitOutcome(&d);
@@ -667,8 +675,10 @@ Status ReplicaGate::Commit(const Decision& decision, const jupyter::Message& req
   std::vector<std::string> entries;
   const bool ran_ahead = run_ahead_ && run_ahead_->exec_id == decision.exec_id;
   if (ran_ahead) {
-    entries.push_back(EncodeWithId({KernelEntry::Type::kLead, decision.exec_id, options_.replica_id,
-                                    Json{{"ran_on", run_ahead_->ran_on}}, ""}));
+    Json meta = LeadMeta(request.metadata.value("nbos", Json::object()));
+    meta["ran_on"] = run_ahead_->ran_on;
+    entries.push_back(EncodeWithId(
+        {KernelEntry::Type::kLead, decision.exec_id, options_.replica_id, std::move(meta), ""}));
   }
   run_ahead_.reset();
   auto delta = engine_->TakeDelta();

@@ -165,6 +165,8 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
       EXCLUDES(mu_);
   // Encodes `entry` with the next proposal id; every retry of it re-sends the same bytes.
   std::string EncodeWithId(KernelEntry entry);
+  // A LEAD's meta for a request's nbos metadata: its `cancels` (KernelStateMachine).
+  static jupyter::Json LeadMeta(const jupyter::Json& nbos);
   Status Propose(KernelEntry entry);
   // After this replica proposed (or skipped) its LEAD or YIELD: waits for the log's outcome of
   // d->exec_id and sets d->executor and d->role from it (kNotKnown: told to cancel, and the log
