@@ -124,6 +124,7 @@ struct ProposalRouter::Impl {
   std::map<std::string, zmq::socket_t> clients GUARDED_BY(client_mu);  // by peer endpoint
   uint64_t next_seq GUARDED_BY(client_mu) = 0;
   std::atomic<uint64_t>* served = nullptr;
+  std::atomic<uint64_t>* transfers = nullptr;
   std::atomic<uint64_t>* refused_count = nullptr;
 
   // Membership changes. Those served for other members run on a worker, one at a time, so the
@@ -174,6 +175,7 @@ struct ProposalRouter::Impl {
       std::string status, body;
       if (parts.size() == 5 && parts[2].size() == 0 && parts[3].to_string() == "transfer") {
         Status s = TransferLocally(std::strtoull(parts[4].to_string().c_str(), nullptr, 10));
+        ++*transfers;
         status = s.ok() ? "ok" : "error";
         body = s.message();
       } else {
@@ -465,6 +467,7 @@ struct ProposalRouter::Impl {
 
 ProposalRouter::ProposalRouter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
   impl_->served = &served_;
+  impl_->transfers = &transfers_;
   impl_->refused_count = &refused_;
 }
 

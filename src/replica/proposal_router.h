@@ -77,6 +77,8 @@ class ProposalRouter {
   Status RemoveMember(replication::ServerId id, std::chrono::milliseconds timeout);
 
   uint64_t forwarded_served() const { return served_.load(); }
+  // Leadership transfers other members asked of this one (authentic requests only).
+  uint64_t transfers_served() const { return transfers_.load(); }
   // Forwarded proposals sent again after an attempt got no answer in time (or a refusal).
   uint64_t forward_retries() const { return retries_.load(); }
   // Requests refused for a missing or wrong MAC.
@@ -87,6 +89,7 @@ class ProposalRouter {
   explicit ProposalRouter(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   std::atomic<uint64_t> served_{0};
+  std::atomic<uint64_t> transfers_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> refused_{0};
 };
