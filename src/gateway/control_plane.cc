@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "control/control.grpc.pb.h"
+#include "gateway/raft_group.h"
 #include "gateway/replica_ops.h"
 
 namespace nbos::gateway {
@@ -90,46 +91,54 @@ void ControlPlane::OnHeartbeatOutcome(const std::string& server_id,
                                       Registry::HeartbeatOutcome outcome) {
   NotifySessions(outcome.changes);
   if (outcome.orphans.empty() || !outcome.client) return;
-  chores_.Post(server_id, [this, client = outcome.client, server_id, orphans = outcome.orphans] {
+  std::vector<ReplicaRef> fresh;
+  {
+    MutexLock lock(&orphans_mu_);
+    for (const ReplicaRef& r : outcome.orphans) {
+      if (orphans_in_hand_.insert({r.kernel_id, r.replica_id}).second) fresh.push_back(r);
+    }
+  }
+  if (fresh.empty()) return;
+  chores_.Post(server_id, [this, client = outcome.client, server_id, orphans = std::move(fresh)] {
     for (const ReplicaRef& r : orphans) {
-      spdlog::warn(
-          "server {} runs replica {} of kernel {}, which the gateway does not know: stopping it",
-          server_id, r.replica_id, r.kernel_id);
-      LeaveGroup(server_id, r);
-      StopReplica(*client, r.kernel_id, r.replica_id, server_id);
+      if (LeaveGroup(server_id, r)) {
+        spdlog::warn(
+            "server {} runs replica {} of kernel {}, which the gateway does not know: stopping it",
+            server_id, r.replica_id, r.kernel_id);
+        StopReplica(*client, r.kernel_id, r.replica_id, server_id);
+      }
+      MutexLock lock(&orphans_mu_);
+      orphans_in_hand_.erase({r.kernel_id, r.replica_id});
     }
   });
 }
 
 // A gateway killed while a migration had added a new replica to the kernel's Raft group, and not
-// yet recorded it, restarts without it: stopped alone, it would stay a voter of the group, dead,
-// and one more fault would leave the kernel without a majority for good.
-void ControlPlane::LeaveGroup(const std::string& server_id, const ReplicaRef& orphan) {
+// yet recorded it, restarts without it; a migration whose undo could not remove its new replica
+// leaves it running. Stopped while still a voter, it would stay in the group, dead, and one more
+// fault would leave the kernel without a majority for good: it is stopped only once a live
+// replica confirms that it is not (or no longer) a member. Until then it keeps running, a live
+// voter, and the next heartbeats try again.
+bool ControlPlane::LeaveGroup(const std::string& server_id, const ReplicaRef& orphan) {
   std::optional<KernelRecord> k = registry_->FindKernel(orphan.kernel_id);
-  if (!k || !k->session) return;
+  if (!k || !k->session) return true;
   MutexLock op(k->op_mu.get());
   k = registry_->FindKernel(orphan.kernel_id);  // a migration may have recorded it meanwhile
-  if (!k || !k->session) return;
+  if (!k || !k->session) return true;
   for (const StoredReplica& r : k->meta.replicas) {
-    if (r.replica_id == orphan.replica_id && r.server_id == server_id) return;
+    if (r.replica_id == orphan.replica_id && r.server_id == server_id) return false;
   }
-  const jupyter::Json remove{{"op", "remove"}, {"replica_id", orphan.replica_id}};
-  for (const StoredReplica& r : k->meta.replicas) {
-    auto live = k->replica_live.find(r.replica_id);
-    if (r.replica_id == orphan.replica_id || live == k->replica_live.end() || !live->second) {
-      continue;
-    }
-    auto reply = k->session->CallControl(r.replica_id, "nbos_membership_request", remove,
-                                         std::chrono::seconds(30));
-    if (reply.ok() && reply->value("status", "") == "ok") {
-      spdlog::info("kernel {}: replica {} left the Raft group", orphan.kernel_id,
-                   orphan.replica_id);
-      return;
-    }
-    spdlog::warn("kernel {}: removing replica {} from the Raft group through replica {}: {}",
-                 orphan.kernel_id, orphan.replica_id, r.replica_id,
-                 reply.ok() ? reply->dump() : reply.status().ToString());
+  Status left = RemoveFromRaftGroup(*k, orphan.replica_id, std::chrono::seconds(30));
+  if (left.ok()) {
+    spdlog::info("kernel {}: replica {} is not a member of the Raft group", orphan.kernel_id,
+                 orphan.replica_id);
+    return true;
   }
+  spdlog::warn(
+      "kernel {}: replica {} on {}, which the gateway does not know, keeps running until a live "
+      "replica confirms that it left the Raft group: {}",
+      orphan.kernel_id, orphan.replica_id, server_id, left.ToString());
+  return false;
 }
 
 void ControlPlane::CheckServers() {

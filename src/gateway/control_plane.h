@@ -8,9 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/work_queue.h"
 #include "control/cluster_credential.h"
 #include "gateway/registry.h"
@@ -49,13 +52,18 @@ class ControlPlane {
   ControlPlane(ControlPlaneOptions options, Registry* registry);
   void OnHeartbeatOutcome(const std::string& server_id, Registry::HeartbeatOutcome outcome);
   // Removes `orphan` (on `server_id`) from its kernel's Raft group through a live replica, if the
-  // kernel is known and still does not list it. Best effort; blocks on the kernel's operation
-  // lock and one membership change.
-  void LeaveGroup(const std::string& server_id, const ReplicaRef& orphan);
+  // kernel is known and still does not list it. True: it may be stopped (its kernel is gone, or a
+  // live replica confirmed that it is not a member); false: it must keep running (the kernel
+  // lists it now, or no replica could confirm). Blocks on the kernel's operation lock and on
+  // membership changes.
+  bool LeaveGroup(const std::string& server_id, const ReplicaRef& orphan);
 
   const ControlPlaneOptions options_;
   Registry* registry_;
   std::string address_;
+  Mutex orphans_mu_;
+  // Orphans posted to `chores_` and not yet handled: one in hand is not posted again.
+  std::set<std::pair<std::string, uint32_t>> orphans_in_hand_ GUARDED_BY(orphans_mu_);
   KeyedWorkQueue chores_{1, "control-chores"};
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/raft_group.h"
 #include "gateway/replica_ops.h"
 #include "jupyter/connection_file.h"
 
@@ -196,9 +197,7 @@ Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
 Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
   auto live = m.kernel.replica_live.find(m.plan.replica_id);
   if (live == m.kernel.replica_live.end() || live->second) return Status::Ok();
-  if (Status s = MembershipChange(*m.session, m.via,
-                                  Json{{"op", "remove"}, {"replica_id", m.plan.replica_id}});
-      !s.ok()) {
+  if (Status s = RemoveFromRaftGroup(m.kernel, m.plan.replica_id, options_.step_timeout); !s.ok()) {
     return s;
   }
   // Should the rest of the migration fail, the replica stays out of the group even if its server
@@ -228,27 +227,42 @@ Status Migrator::Join(Move& m, StepClock* clock, Rollback* rollback) {
   auto prepared = PrepareReplica(*m.to_client, k.meta, k.request, m.plan.to_server_id, m.new_id);
   if (!prepared.ok()) return prepared.status();
   m.prepared = std::move(*prepared);
-  rollback->OnFailure(
-      [&m] { StopReplica(*m.to_client, m.kernel_id, m.new_id, m.plan.to_server_id); });
+  rollback->OnFailure([this, &m] { Withdraw(m); });
   if (auto launched = m.to_client->LaunchReplica(LaunchRequest(k.meta, m.new_id, {}));
       !launched.ok()) {
     return launched.status();
   }
   clock->Step("launch");
-  // Before the add: an add that fails may still have made the replica a member (C-Raft adds it
-  // as a spare, then a promotion that can fail after its configuration entry went out), and a
-  // member stopped by the undo above would stay a dead voter. Removing a non-member is a no-op.
-  rollback->OnFailure([this, &m] {
-    (void)MembershipChange(*m.session, m.via, Json{{"op", "remove"}, {"replica_id", m.new_id}});
-  });
-  if (Status s = MembershipChange(
+  if (Status s = ChangeRaftGroup(
           *m.session, m.via,
-          Json{{"op", "add"}, {"replica_id", m.new_id}, {"raft_address", m.prepared.raft_address}});
+          Json{{"op", "add"}, {"replica_id", m.new_id}, {"raft_address", m.prepared.raft_address}},
+          options_.step_timeout);
       !s.ok()) {
     return s;
   }
   clock->Step("join");
   return Status::Ok();
+}
+
+// An add that failed may still have made the new replica a member (C-Raft adds it as a spare,
+// then a promotion that can fail after its configuration entry went out, or the answer was lost),
+// so it leaves the group before it is stopped: a member stopped would stay a dead voter, and one
+// more fault would leave the kernel without a majority for good. Removing a non-member is a no-op.
+// When no live replica can confirm the removal (the group cannot commit now), the new replica is
+// left running, a live voter: the gateway does not list it, so the heartbeats' orphan cleanup
+// removes it from the group and stops it once the group commits again.
+void Migrator::Withdraw(Move& m) {
+  std::optional<KernelRecord> k = registry_->FindKernel(m.kernel_id);
+  Status left = k ? RemoveFromRaftGroup(*k, m.new_id, options_.withdraw_timeout)
+                  : Unavailable("the kernel is gone");
+  if (!left.ok()) {
+    spdlog::warn(
+        "kernel {}: replica {} on {} is left running until it is known not to be a voter of the "
+        "Raft group: {}",
+        m.kernel_id, m.new_id, m.plan.to_server_id, left.ToString());
+    return;
+  }
+  StopReplica(*m.to_client, m.kernel_id, m.new_id, m.plan.to_server_id);
 }
 
 // With executions held: the new replica is linked to the session and answers, then the old one
@@ -272,25 +286,12 @@ Status Migrator::Switch(Move& m, StepClock* clock, Rollback* rollback) {
   rollback->OnFailure([&m] { m.session->RemoveReplica(m.new_id); });
   if (Status s = m.session->AwaitReplicas({m.new_id}, options_.step_timeout); !s.ok()) return s;
   clock->Step("answer");
-  return MembershipChange(*m.session, m.via,
-                          Json{{"op", "remove"}, {"replica_id", m.plan.replica_id}});
-}
-
-// One nbos_membership_request through replica `via`; its error reply as a Status.
-Status Migrator::MembershipChange(KernelSession& session, ReplicaId via, Json request) {
-  const std::string what = request.dump();
-  auto reply = session.CallControl(via, "nbos_membership_request", std::move(request),
-                                   options_.step_timeout);
-  if (!reply.ok()) return reply.status();
-  const auto status = reply->find("status");
-  if (status == reply->end() || *status != "ok") {
-    const auto evalue = reply->find("evalue");
-    return Unavailable("membership change " + what + " refused: " +
-                       (evalue != reply->end() && evalue->is_string()
-                            ? evalue->get<std::string>()
-                            : reply->dump(-1, ' ', false, Json::error_handler_t::replace)));
-  }
-  return Status::Ok();
+  // The removal may commit and its answer be lost; undone then, the kernel would have lost both
+  // the old replica and the new one, while the gateway still counts the old. Another live member
+  // confirms a removal that committed at once.
+  std::optional<KernelRecord> k = registry_->FindKernel(m.kernel_id);
+  if (!k) return Unavailable("the kernel is gone");
+  return RemoveFromRaftGroup(*k, m.plan.replica_id, options_.step_timeout);
 }
 
 }  // namespace nbos::gateway

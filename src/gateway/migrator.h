@@ -5,8 +5,9 @@
 //
 // A migration is a sequence of steps, each registered with its undo as soon as it took effect:
 //   remove a lost old replica from the Raft group     (no undo: it is lost)
-//   prepare + launch the new replica on the target   undo: stop it (and remove its data)
-//   add it to the Raft group through a live member   undo: remove it from the group
+//   prepare + launch the new replica on the target,  undo: remove it from the group through any
+//   add it to the Raft group through a live member   live member, then stop it (left running
+//                                                    while no member can confirm the removal)
 //   hold new executions, wait for the one in flight  undo: release the hold (always, at the end)
 //   link it to the kernel's session                  undo: unlink it
 //   wait for it to answer kernel_info
@@ -31,6 +32,8 @@ struct MigratorOptions {
   // A membership change or the new replica's first answer that takes longer than this failed.
   std::chrono::milliseconds step_timeout{60000};
   std::chrono::milliseconds failure_backoff{10000};
+  // How long the undo of a join waits for each live member asked to remove the new replica.
+  std::chrono::milliseconds withdraw_timeout{15000};
 };
 
 class Migrator {
@@ -60,7 +63,8 @@ class Migrator {
   Status LeaveIfLost(Move& m, StepClock* clock);
   Status Join(Move& m, StepClock* clock, Rollback* rollback);
   Status Switch(Move& m, StepClock* clock, Rollback* rollback);
-  Status MembershipChange(KernelSession& session, ReplicaId via, jupyter::Json request);
+  // The undo of the launch and join: the new replica leaves the Raft group, then stops.
+  void Withdraw(Move& m);
 
   Registry* registry_;
   MetadataStore* store_;

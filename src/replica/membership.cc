@@ -20,6 +20,18 @@ bool IsRaftAddress(const std::string& address) {
   return number >= 1 && number <= 65534;
 }
 
+namespace {
+constexpr uint64_t kMaxTimeoutMs = 24 * 3600 * 1000;
+
+// The value of a positive JSON integer, else 0. JSON parsed off the wire holds positive numbers
+// as unsigned, literals in code as signed.
+uint64_t PositiveInteger(const jupyter::Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return static_cast<uint64_t>(v.get<int64_t>());
+  return 0;
+}
+}  // namespace
+
 Result<MembershipChange> ParseMembershipRequest(const jupyter::Json& content) {
   if (!content.is_object()) return InvalidArgument("membership request content is not an object");
   MembershipChange change;
@@ -36,15 +48,17 @@ Result<MembershipChange> ParseMembershipRequest(const jupyter::Json& content) {
                            "' is neither \"add\" nor \"remove\"");
   }
   auto id = content.find("replica_id");
-  // JSON parsed off the wire holds positive numbers as unsigned, literals in code as signed.
-  const bool positive =
-      id != content.end() && ((id->is_number_unsigned() && id->get<uint64_t>() > 0) ||
-                              (id->is_number_integer() && id->get<int64_t>() > 0));
-  if (!positive) {
+  if (id == content.end() || !PositiveInteger(*id)) {
     return InvalidArgument("membership request needs a positive integer \"replica_id\"");
   }
-  change.replica_id =
-      id->is_number_unsigned() ? id->get<uint64_t>() : static_cast<uint64_t>(id->get<int64_t>());
+  change.replica_id = PositiveInteger(*id);
+  if (auto timeout = content.find("timeout_ms"); timeout != content.end()) {
+    if (!PositiveInteger(*timeout)) {
+      return InvalidArgument("membership request \"timeout_ms\" is not a positive integer");
+    }
+    change.timeout =
+        std::chrono::milliseconds(std::min<uint64_t>(PositiveInteger(*timeout), kMaxTimeoutMs));
+  }
   if (change.op == MembershipChange::Op::kAdd) {
     auto address = content.find("raft_address");
     if (address == content.end() || !address->is_string()) {

@@ -3,6 +3,7 @@
 // channel, an `nbos_membership_request` to add the new replica and then one to remove the old.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "common/status.h"
@@ -16,6 +17,8 @@ struct MembershipChange {
   Op op = Op::kAdd;
   replication::ServerId replica_id = 0;
   std::string raft_address;  // kAdd only: the new replica's "IPv4:port"
+  // How long the asker waits for the answer; 0: not said (the replica's own limit applies).
+  std::chrono::milliseconds timeout{0};
 };
 
 // A Raft address a replica can use: "a.b.c.d:port", port in 1..65534 (port + 1 serves the
@@ -25,8 +28,10 @@ bool IsRaftAddress(const std::string& address);
 // Reads the content of an nbos_membership_request:
 //   {"op": "add", "replica_id": N, "raft_address": "IPv4:port"}  or
 //   {"op": "remove", "replica_id": N}
+// either with an optional "timeout_ms": a positive integer, how long the asker waits.
 // Errors: kInvalidArgument naming the missing or malformed field (op not "add"/"remove",
-// replica_id not a positive integer, raft_address missing or not IPv4:port for "add").
+// replica_id not a positive integer, raft_address missing or not IPv4:port for "add",
+// timeout_ms present but not a positive integer).
 Result<MembershipChange> ParseMembershipRequest(const jupyter::Json& content);
 
 }  // namespace nbos::replica

@@ -19,6 +19,16 @@ TEST(MembershipTest, ParsesAddAndRemove) {
   ASSERT_TRUE(remove.ok()) << remove.status().ToString();
   EXPECT_EQ(remove->op, MembershipChange::Op::kRemove);
   EXPECT_EQ(remove->replica_id, 1u);
+  EXPECT_EQ(remove->timeout.count(), 0);  // not said
+
+  auto bounded =
+      ParseMembershipRequest(Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", 5000}});
+  ASSERT_TRUE(bounded.ok()) << bounded.status().ToString();
+  EXPECT_EQ(bounded->timeout.count(), 5000);
+  auto huge = ParseMembershipRequest(
+      Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", uint64_t{1} << 62}});
+  ASSERT_TRUE(huge.ok()) << huge.status().ToString();
+  EXPECT_EQ(huge->timeout.count(), 24 * 3600 * 1000);  // capped at a day
 }
 
 TEST(MembershipTest, RejectsMalformedRequests) {
@@ -37,6 +47,10 @@ TEST(MembershipTest, RejectsMalformedRequests) {
       Json{{"op", "add"}, {"replica_id", 4}, {"raft_address", "127.0.0.1:65535"}},
       Json{{"op", "add"}, {"replica_id", 4}, {"raft_address", "127.0.0.1:0"}},
       Json{{"op", "add"}, {"replica_id", 4}, {"raft_address", "127.0.0.1:9x"}},
+      Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", 0}},
+      Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", -5}},
+      Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", "5000"}},
+      Json{{"op", "remove"}, {"replica_id", 1}, {"timeout_ms", 1.5}},
   };
   for (const Json& content : bad) {
     auto r = ParseMembershipRequest(content);

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>  // std::call_once
 #include <thread>
@@ -990,13 +992,18 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {
+  // Past the asker's wait, an answer reaches no one, and this replica's control channel stays
+  // blocked for the next change asked of it.
+  const std::chrono::milliseconds timeout =
+      change.timeout.count() > 0 ? std::min(change.timeout, options_.membership_timeout)
+                                 : options_.membership_timeout;
   if (change.op == MembershipChange::Op::kAdd) {
     spdlog::info("adding replica {} at {}", change.replica_id, change.raft_address);
     return router_->AddMember({change.replica_id, change.raft_address, replication::Role::kVoter},
-                              options_.membership_timeout);
+                              timeout);
   }
   spdlog::info("removing replica {}", change.replica_id);
-  return router_->RemoveMember(change.replica_id, options_.membership_timeout);
+  return router_->RemoveMember(change.replica_id, timeout);
 }
 
 }  // namespace nbos::replica

@@ -6,6 +6,8 @@ and the kernel is whole again."""
 
 import hashlib
 import os
+import pathlib
+import re
 import signal
 import time
 import urllib.request
@@ -332,14 +334,16 @@ def runs_cells_with_one_more_server_frozen(c, kid, replicas):
 
 def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluster):
     """A standby's server restarts, without its replicas; the replacement joins the kernel's
-    Raft group and the migration waits for the running cell before it lets the lost one go. The gateway is killed
-    then, before it recorded the new member. Restarted, it does not know that replica: it takes
-    it out of the Raft group before it stops it, and the lost one leaves the group before its
-    next replacement joins. So the kernel, whole again, still runs cells with one more server
-    frozen; a group that kept a dead voter would have no majority left."""
+    Raft group and the migration waits for the running cell before it lets the lost one go. The
+    gateway is killed then, before it recorded the new member, and the kernel's two other servers
+    freeze. Restarted, the gateway does not know the new replica, and no live replica can take it
+    out of the Raft group: it keeps it running (stopped, it would be a dead voter) until the
+    servers thaw, then takes it out and stops it. So the kernel, whole again, still runs cells
+    with one more server frozen; a group that kept a dead voter would have no majority left."""
     c = cluster
     kid, ks, executor, host = kernel_with_x(c)
     lost = next(rid for rid in sorted(host) if rid != executor)
+    other = next(rid for rid in sorted(host) if rid not in (executor, lost))
     ks.send("execute_request", {
         "code": "import time\ntime.sleep(25)", "silent": False, "store_history": True,
         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
@@ -353,7 +357,20 @@ def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluste
     time.sleep(8)  # the new member joins; the migration then waits for the cell to end
     ks.close()
     c.kill_gateway()
-    c.gateway = c.start_gateway()
+    frozen = [host[executor], host[other]]
+    for h in frozen:
+        c.signal_host(h, signal.SIGSTOP)
+    try:
+        c.gateway = c.start_gateway()
+        gateway_log = pathlib.Path(c.ps.root, "gateway.log")
+        deadline = time.time() + 60
+        while not re.search(rf"kernel {kid}: replica \d+ on host-\d+, which the gateway does not "
+                            r"know, keeps running", gateway_log.read_text(errors="replace")):
+            assert time.time() < deadline, "the restarted gateway never met the new replica"
+            time.sleep(0.2)
+    finally:
+        for h in frozen:
+            c.signal_host(h, signal.SIGCONT)
     runs_cells_with_one_more_server_frozen(c, kid, wait_whole(c, kid, set(), set(), timeout=150))
 
 

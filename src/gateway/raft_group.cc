@@ -1,0 +1,48 @@
+#include "gateway/raft_group.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+
+namespace nbos::gateway {
+
+using jupyter::Json;
+
+Status ChangeRaftGroup(KernelSession& session, ReplicaId via, Json request,
+                       std::chrono::milliseconds timeout) {
+  const std::string what = request.dump();
+  // A replica that is still waiting when the gateway stops would hold its control channel (and
+  // the next change asked of it) for its own, longer default.
+  const auto margin = std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(2));
+  request["timeout_ms"] = std::max<int64_t>(1, (timeout - margin).count());
+  auto reply = session.CallControl(via, "nbos_membership_request", std::move(request), timeout);
+  if (!reply.ok()) return reply.status();
+  const auto status = reply->find("status");
+  if (status == reply->end() || *status != "ok") {
+    const auto evalue = reply->find("evalue");
+    return Unavailable("membership change " + what + " refused: " +
+                       (evalue != reply->end() && evalue->is_string()
+                            ? evalue->get<std::string>()
+                            : reply->dump(-1, ' ', false, Json::error_handler_t::replace)));
+  }
+  return Status::Ok();
+}
+
+Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
+                           std::chrono::milliseconds each) {
+  if (!k.session) return Unavailable("the kernel has no session");
+  Status last = Unavailable("no live replica of the kernel to change its Raft group through");
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto live = k.replica_live.find(r.replica_id);
+    if (r.replica_id == replica_id || live == k.replica_live.end() || !live->second) continue;
+    last = ChangeRaftGroup(*k.session, r.replica_id,
+                           Json{{"op", "remove"}, {"replica_id", replica_id}}, each);
+    if (last.ok()) return last;
+    spdlog::warn("kernel {}: removing replica {} from the Raft group through replica {}: {}",
+                 k.meta.kernel_id, replica_id, r.replica_id, last.ToString());
+  }
+  return last;
+}
+
+}  // namespace nbos::gateway
