@@ -201,6 +201,11 @@ void KernelStateMachine::ApplyProposal(const KernelEntry& e) {
       if (listener_) listener_->OnAllYielded(e.exec_id);
       return;
     }
+    if (!EpochMayWin(e.exec_id)) {
+      election.failed = election.cancelled = true;
+      if (listener_) listener_->OnCancelled(e.exec_id);
+      return;
+    }
     election.winner = e.replica;
     Supersede(e.exec_id);
     if (listener_) listener_->OnElected(e.exec_id, e.replica);
@@ -236,6 +241,23 @@ void KernelStateMachine::Supersede(const std::string& exec_id) {
   running_ = exec_id;
 }
 
+bool KernelStateMachine::EpochMayWin(const std::string& exec_id) {
+  const size_t colon = exec_id.rfind(':');
+  const size_t dot = exec_id.rfind('.');
+  if (colon == std::string::npos || dot == std::string::npos || dot < colon) return true;
+  const std::string epoch = exec_id.substr(colon + 1, dot - colon - 1);
+  if (epoch.empty() || epoch == current_epoch_) return true;
+  if (std::find(retired_epochs_.begin(), retired_epochs_.end(), epoch) != retired_epochs_.end()) {
+    return false;
+  }
+  if (!current_epoch_.empty()) {
+    retired_epochs_.push_back(std::move(current_epoch_));
+    if (retired_epochs_.size() > kRetiredEpochsKept) retired_epochs_.pop_front();
+  }
+  current_epoch_ = epoch;
+  return true;
+}
+
 bool KernelStateMachine::FromLoser(const KernelEntry& e) const {
   auto it = elections_.find(e.exec_id);
   if (it == elections_.end()) return false;  // forgotten long ago, or an entry without election
@@ -264,6 +286,8 @@ std::string KernelStateMachine::Snapshot() {
                    Json{{"elections", std::move(elections)},
                         {"executions_done", executions_done_},
                         {"running", running_},
+                        {"current_epoch", current_epoch_},
+                        {"retired_epochs", retired_epochs_},
                         {"journal_total", journal_total_},
                         {"malformed_entries", malformed_entries_},
                         {"applied_ids", applied_id_order_},
@@ -330,6 +354,9 @@ Status KernelStateMachine::Restore(std::string_view snapshot) {
   duplicates_skipped_ = parts[0].meta.value("duplicates_skipped", uint64_t{0});
   executions_done_ = parts[0].meta.value("executions_done", uint64_t{0});
   running_ = parts[0].meta.value("running", "");
+  // Snapshots of older versions have no epochs: none is retired until a later one wins.
+  current_epoch_ = parts[0].meta.value("current_epoch", "");
+  retired_epochs_ = parts[0].meta.value("retired_epochs", std::deque<std::string>{});
   journal_total_ = parts[0].meta.value("journal_total", uint64_t{0});
   malformed_entries_ = parts[0].meta.value("malformed_entries", uint64_t{0});
   checkpoint_ = std::move(parts[0].payload);

@@ -113,6 +113,12 @@ struct JournalRecord {
 // state the log holds when its LEAD wins, so an earlier execution's effects committed after that
 // (its executor was cut off while the others went on) would overwrite the later cells' effects
 // with values computed before them.
+//
+// Execution ids of the gateway's cells read "<kernel>:<epoch>.<sequence>", the epoch drawn anew
+// by each gateway session of the kernel. Once a LEAD of a later epoch has won, the earlier
+// epochs are retired: a LEAD of a retired epoch loses (its election is cancelled). The session
+// that sent that cell is gone, and the one after it went on without it; run now, its effects
+// would land after the later cells'. Ids without an epoch are exempt.
 class KernelStateMachine final : public replication::StateMachine {
  public:
   // Called on the log's thread, in log order, with the decisions each entry caused.
@@ -177,6 +183,8 @@ class KernelStateMachine final : public replication::StateMachine {
   // copy (ProposalRouter gives up after the caller's timeout), a cell commits about six entries,
   // so this covers the last ~1300 cells, far more than a retry can lag behind.
   static constexpr size_t kAppliedIdsKept = 8192;
+  // Retired epochs remembered (one per gateway session that ran a cell of this kernel).
+  static constexpr size_t kRetiredEpochsKept = 64;
 
  private:
   Election& ElectionSlot(const std::string& exec_id);
@@ -189,12 +197,17 @@ class KernelStateMachine final : public replication::StateMachine {
   void Cancel(const std::string& exec_id);
   // Whether a delta, side effect or Done of `e.replica` for `e.exec_id` must be skipped.
   bool FromLoser(const KernelEntry& e) const;
+  // False if `exec_id`'s epoch is retired; else records it as the current epoch (retiring the
+  // one before) when a LEAD of it wins.
+  bool EpochMayWin(const std::string& exec_id);
 
   size_t replicas_;
   Listener* listener_;
   std::map<std::string, Election> elections_;
   std::deque<std::string> election_order_;
   std::string running_;  // the last execution whose LEAD won and whose Done is not applied yet
+  std::string current_epoch_;  // of the last LEAD that won with an epoch
+  std::deque<std::string> retired_epochs_;
   std::string checkpoint_;
   std::vector<JournalRecord> journal_;
   uint64_t journal_total_ = 0;  // records ever appended; journal_ holds the last ones

@@ -260,6 +260,40 @@ TEST(KernelStateMachineTest, ALeadThatWinsCancelsTheCellsGivenUpBeforeIt) {
   EXPECT_FALSE(other.ElectionFor("e6").has_value());
 }
 
+TEST(KernelStateMachineTest, ACellOfAnEarlierGatewaySessionCannotWinAfterALaterSessionsCell) {
+  // The gateway of session a1 sent cell 8 to a replica that froze with it queued, then died; the
+  // next session (b2) went on. The frozen replica's LEAD for cell 8 comes after b2's cells.
+  Recorder r;
+  KernelStateMachine m(3, &r);
+  ApplyCell(m, "k:a1.7", 1, "L=[7]");
+  m.Apply(Yield("k:a1.8", 2));  // decided by no one yet
+  ApplyCell(m, "k:b2.1", 2, "L=[7,1]");
+  m.Apply(Lead("k:a1.8", 1));
+  m.Apply(Delta("k:a1.8", 1, "L=[7,8]"));
+  m.Apply(Done("k:a1.8", 1));
+  EXPECT_TRUE(m.ElectionFor("k:a1.8")->cancelled);
+  EXPECT_FALSE(m.ElectionFor("k:a1.8")->winner.has_value());
+  EXPECT_EQ(m.journal_total(), 2u);
+  EXPECT_EQ(r.events.back(), "cancelled k:a1.8");
+  // A replica that catches up from a snapshot decides the same; a third session retires b2.
+  KernelStateMachine restored(3, nullptr);
+  ASSERT_TRUE(restored.Restore(m.Snapshot()).ok());
+  for (KernelStateMachine* each : {&m, &restored}) {
+    each->Apply(Lead("k:a1.9", 3));
+    EXPECT_TRUE(each->ElectionFor("k:a1.9")->cancelled);
+    ApplyCell(*each, "k:c3.1", 3, "L=[7,1,3]");
+    EXPECT_EQ(each->ElectionFor("k:c3.1")->winner, ReplicaId{3});
+    each->Apply(Lead("k:b2.2", 2));
+    EXPECT_TRUE(each->ElectionFor("k:b2.2")->cancelled);
+    // Cells of the current session, and ids without an epoch, win as before.
+    ApplyCell(*each, "k:c3.2", 1, "L=[7,1,3,2]");
+    ApplyCell(*each, "e1", 2, "L=[]");
+    EXPECT_EQ(each->ElectionFor("k:c3.2")->winner, ReplicaId{1});
+    EXPECT_EQ(each->ElectionFor("e1")->winner, ReplicaId{2});
+  }
+  EXPECT_EQ(restored.Snapshot(), m.Snapshot());
+}
+
 TEST(KernelStateMachineTest, EffectsOfAnExecutionCommittedAfterALaterWinnerAreSkipped) {
   Recorder r;
   KernelStateMachine m(3, &r);
