@@ -197,11 +197,12 @@ Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
 Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
   auto live = m.kernel.replica_live.find(m.plan.replica_id);
   if (live == m.kernel.replica_live.end() || live->second) return Status::Ok();
-  if (Status s = RemoveFromRaftGroup(m.kernel, m.plan.replica_id, options_.step_timeout); !s.ok()) {
-    return s;
-  }
-  // Should the rest of the migration fail, the replica stays out of the group even if its server
-  // reports it running again: it must not be counted live, and the next migration replaces it.
+  // Recorded before the removal is asked: a removal may commit after the gateway stopped waiting
+  // (or was killed), and a replica counted live that is no member overstates the majority (the
+  // next loss then leaves the kernel without one, unseen). One recorded as left that is still a
+  // member understates it, which only costs a replacement: should the rest of the migration
+  // fail, the replica stays out even if its server reports it running again, and the next
+  // migration replaces it (its removal again first).
   std::optional<StoredKernel> meta;
   registry_->UpdateKernel(m.kernel_id, [&](KernelRecord& r) {
     r.left_group.insert(m.plan.replica_id);
@@ -211,12 +212,16 @@ Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
     }
     meta = r.meta;
   });
-  // Recorded, so that a gateway restarted before the replacement is recorded knows it too.
   if (Status s = meta ? store_->Put(*meta) : Status::Ok(); !s.ok()) {
-    spdlog::error("kernel {}: recording that replica {} left the Raft group: {}", m.kernel_id,
+    spdlog::error("kernel {}: recording that replica {} leaves the Raft group: {}", m.kernel_id,
                   m.plan.replica_id, s.ToString());
   }
-  m.session->ReplicaLost(m.plan.replica_id, "it left the kernel's Raft group to be replaced");
+  m.session->ReplicaLost(m.plan.replica_id, "it leaves the kernel's Raft group to be replaced");
+  if (Status s = RemoveFromRaftGroup(m.kernel, m.plan.replica_id, options_.step_timeout); !s.ok()) {
+    return s;
+  }
+  registry_->UpdateKernel(m.kernel_id,
+                          [&](KernelRecord& r) { r.left_confirmed.insert(m.plan.replica_id); });
   clock->Step("lost-left");
   return Status::Ok();
 }

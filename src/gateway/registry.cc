@@ -13,6 +13,23 @@ namespace {
 
 constexpr size_t kMigrationsRemembered = 100;
 
+size_t LiveReplicas(const KernelRecord& k) {
+  size_t live = 0;
+  for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
+  return live;
+}
+
+// What `status` last said of replica `replica_id` of `kernel_id`, if it exited; else null.
+const control::ReplicaStatus* ExitedReplica(const control::ServerStatus& status,
+                                            const std::string& kernel_id, uint32_t replica_id) {
+  for (const auto& st : status.replicas()) {
+    if (st.kernel_id() == kernel_id && st.replica_id() == replica_id && st.state() == "exited") {
+      return &st;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 Registry::Registry(sched::SchedulerOptions options, sched::SchedulerObserver* journal)
@@ -278,14 +295,11 @@ Status Registry::CheckReplicasNotGivenUp(const StoredKernel& meta,
   for (const StoredReplica& r : meta.replicas) {
     auto it = servers_.find(r.server_id);
     if (it == servers_.end() || it->second.last_seen <= since) continue;
-    for (const auto& st : it->second.status.replicas()) {
-      if (st.kernel_id() == meta.kernel_id && st.replica_id() == r.replica_id &&
-          st.state() == "exited") {
-        return Unavailable(fmt::format(
-            "replica {} of kernel {} on server {} exited (code {}) and will not be restarted; "
-            "its replica.log on that server says why",
-            r.replica_id, meta.kernel_id, r.server_id, st.exit_code()));
-      }
+    if (const auto* st = ExitedReplica(it->second.status, meta.kernel_id, r.replica_id)) {
+      return Unavailable(fmt::format(
+          "replica {} of kernel {} on server {} exited (code {}) and will not be restarted; "
+          "its replica.log on that server says why",
+          r.replica_id, meta.kernel_id, r.server_id, st->exit_code()));
     }
   }
   return Status::Ok();
@@ -760,12 +774,7 @@ ReplicaId Registry::ReplicaToMove(const KernelRecord& k, std::string* reason) co
                             r.server_id);
       return r.replica_id;
     }
-    for (const auto& st : server->second.status.replicas()) {
-      if (st.kernel_id() == k.meta.kernel_id && st.replica_id() == r.replica_id &&
-          st.state() == "exited") {
-        return r.replica_id;
-      }
-    }
+    if (ExitedReplica(server->second.status, k.meta.kernel_id, r.replica_id)) return r.replica_id;
     *reason = "draining server " + r.server_id;
     if (server->second.draining) return r.replica_id;
   }
@@ -821,8 +830,7 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
       continue;
     }
     if (!k.replica_live.count(lost) || !k.replica_live.at(lost)) k.lost_since.emplace(lost, now);
-    size_t live = 0;
-    for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
+    const size_t live = LiveReplicas(k);
     NoteMajorityLost(k);
     if (2 * live <= k.meta.replicas.size()) {
       k.migration_retry_after = now + retry;
@@ -858,21 +866,17 @@ std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
     if (!k.session || k.suspended || k.migrating) continue;
-    size_t live = 0;
-    for (const auto& [replica, is_live] : k.replica_live) live += is_live ? 1 : 0;
-    if (2 * live > k.meta.replicas.size()) continue;
+    if (2 * LiveReplicas(k) > k.meta.replicas.size()) continue;
     for (const StoredReplica& r : k.meta.replicas) {
       auto server = servers_.find(r.server_id);
       if (server == servers_.end() || !server->second.alive || k.left_group.count(r.replica_id) ||
           (k.revived_at.count(r.replica_id) && now - k.revived_at[r.replica_id] < every)) {
         continue;
       }
-      for (const auto& st : server->second.status.replicas()) {
-        if (st.kernel_id() == id && st.replica_id() == r.replica_id && st.state() == "exited" &&
-            st.exit_code() != 0) {
-          k.revived_at[r.replica_id] = now;
-          revivals.push_back({k.meta, r.replica_id, r.server_id, server->second.client});
-        }
+      const auto* st = ExitedReplica(server->second.status, id, r.replica_id);
+      if (st != nullptr && st->exit_code() != 0) {
+        k.revived_at[r.replica_id] = now;
+        revivals.push_back({k.meta, r.replica_id, r.server_id, server->second.client});
       }
     }
   }
@@ -880,22 +884,24 @@ std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
 }
 
 // A replica its server no longer runs is gone with its log (a restarted daemon forgets both);
-// one on a lost server may come back. When the gone ones leave no majority, none can form again.
+// one on a lost server may come back. A replica known to have left is no voter any more. When
+// the gone ones leave no majority of the voters, none can form again.
 void Registry::NoteMajorityLost(KernelRecord& k) {
-  size_t gone = 0;
+  size_t voters = 0, gone = 0;
   for (const StoredReplica& r : k.meta.replicas) {
+    if (k.left_confirmed.count(r.replica_id)) continue;
+    ++voters;
     auto server = servers_.find(r.server_id);
     if (server != servers_.end() &&
         server->second.forgotten.count({k.meta.kernel_id, r.replica_id}))
       ++gone;
   }
-  const size_t replicas = k.meta.replicas.size();
   const std::string why =
-      2 * (replicas - gone) <= replicas
+      voters > 0 && 2 * (voters - gone) <= voters
           ? fmt::format(
-                "{} of {} replicas of this kernel are gone with their logs (their servers "
-                "restarted without them)",
-                gone, replicas)
+                "{} of the {} members of this kernel's Raft group {} gone with their logs (their "
+                "servers restarted without them)",
+                gone, voters, gone == 1 ? "is" : "are")
           : "";
   if (why == k.majority_lost) return;
   k.majority_lost = why;
@@ -996,6 +1002,7 @@ std::optional<StoredKernel> Registry::ReplaceReplica(const std::string& kernel_i
   k.meta.replicas.push_back(replacement);
   k.replica_live.erase(old_id);
   k.left_group.erase(old_id);
+  k.left_confirmed.erase(old_id);
   k.replica_live[replacement.replica_id] = true;
   k.diverged.erase(old_id);
   if (Status s = scheduler_.OnReplicaAdded(NowMs(), kernel_id, replacement.replica_id,

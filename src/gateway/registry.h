@@ -64,9 +64,12 @@ struct KernelRecord {
   // divergence_retry_after.
   std::map<ReplicaId, std::string> diverged;
   SteadyClock::time_point divergence_retry_after{};
-  // Replicas a migration took out of the Raft group before its replacement joined: lost for
-  // good, whatever their servers report, until replaced.
+  // Replicas a migration takes out of the Raft group before its replacement joins: lost for
+  // good, whatever their servers report, until replaced. Recorded before the removal is asked,
+  // so one may still be a member; `left_confirmed` holds those a live member confirmed gone
+  // (this gateway's own knowledge: not recorded).
   std::set<ReplicaId> left_group;
+  std::set<ReplicaId> left_confirmed;
   std::chrono::milliseconds divergence_backoff{0};
   // When PlanRevivals last asked for each replica's restart.
   std::map<ReplicaId, SteadyClock::time_point> revived_at;
