@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/work_queue.h"
 #include "gateway/blob_gc.h"
 #include "gateway/control_plane.h"
 #include "gateway/dashboard.h"
@@ -16,6 +17,7 @@
 #include "gateway/metadata_store.h"
 #include "gateway/migrator.h"
 #include "gateway/planner.h"
+#include "gateway/raft_group.h"
 #include "gateway/registry.h"
 #include "gateway/replica_ops.h"
 #include "http/server.h"
@@ -71,6 +73,7 @@ struct Gateway::Impl {
   CondVar monitor_cv;
   bool stopping GUARDED_BY(monitor_mu) = false;
   std::atomic<uint64_t> monitor_exceptions{0};
+  KeyedWorkQueue leaving_checks{1, "leaving-checks"};  // CheckLeaving, off the monitor thread
 
   Status OpenJournal() {
     if (options.decision_journal.empty()) return Status::Ok();
@@ -99,6 +102,9 @@ struct Gateway::Impl {
       migrator->Start(r.kernel_id, r.plan, r.reason);
     }
     for (const Revival& r : registry->PlanRevivals(kRevivalInterval)) Revive(r);
+    for (LeavingCheck& c : registry->PlanLeavingChecks(kRevivalInterval)) {
+      leaving_checks.Post(c.kernel.meta.kernel_id, [this, c = std::move(c)] { CheckLeaving(c); });
+    }
     std::optional<sched::ScalingDecision> scaling;
     if (TickIntervalMs() > 0 && SteadyClock::now() >= *next_tick) {
       *next_tick = SteadyClock::now() + std::chrono::milliseconds(TickIntervalMs());
@@ -126,6 +132,24 @@ struct Gateway::Impl {
         !launched.ok()) {
       spdlog::error("kernel {}: launching replica {} on {} again: {}", r.meta.kernel_id,
                     r.replica_id, r.server_id, launched.status().ToString());
+    }
+  }
+
+  // A replica recorded as leaving whose removal may not have committed: if a live member still
+  // lists it, it counts again (the kernel may have its majority with it).
+  void CheckLeaving(const LeavingCheck& c) {
+    const std::string& kernel_id = c.kernel.meta.kernel_id;
+    Result<bool> member = IsRaftMember(c.kernel, c.replica_id, std::chrono::seconds(5));
+    if (!member.ok() || !*member) return;
+    if (auto meta = registry->KeepMember(kernel_id, c.replica_id)) {
+      spdlog::warn(
+          "kernel {}: replica {}, recorded as leaving the Raft group, is still a member: "
+          "it counts again",
+          kernel_id, c.replica_id);
+      if (Status s = store->Put(*meta); !s.ok()) {
+        spdlog::error("kernel {}: recording that replica {} stays: {}", kernel_id, c.replica_id,
+                      s.ToString());
+      }
     }
   }
 
@@ -281,6 +305,7 @@ struct Gateway::Impl {
       monitor_cv.SignalAll();
     }
     if (monitor.joinable()) monitor.join();
+    leaving_checks.Stop();
     blob_gc.reset();  // it asks the kernels' sessions
     if (dashboard) dashboard->Stop();
     http.Stop();

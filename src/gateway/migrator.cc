@@ -197,16 +197,29 @@ Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
 Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
   auto live = m.kernel.replica_live.find(m.plan.replica_id);
   if (live == m.kernel.replica_live.end() || live->second) return Status::Ok();
-  // Recorded before the removal is asked: a removal may commit after the gateway stopped waiting
-  // (or was killed), and a replica counted live that is no member overstates the majority (the
-  // next loss then leaves the kernel without one, unseen). One recorded as left that is still a
-  // member understates it, which only costs a replacement: should the rest of the migration
-  // fail, the replica stays out even if its server reports it running again, and the next
-  // migration replaces it (its removal again first).
+  RecordLeaving(m, /*lost=*/true);
+  m.session->ReplicaLost(m.plan.replica_id, "it leaves the kernel's Raft group to be replaced");
+  if (Status s = RemoveFromRaftGroup(m.kernel, m.plan.replica_id, options_.step_timeout); !s.ok()) {
+    return s;
+  }
+  registry_->UpdateKernel(m.kernel_id,
+                          [&](KernelRecord& r) { r.left_confirmed.insert(m.plan.replica_id); });
+  clock->Step("lost-left");
+  return Status::Ok();
+}
+
+// Recorded before the removal is asked: a removal may commit after the gateway stopped waiting
+// (or was killed), and a replica counted live that is no member overstates the majority (the
+// next loss then leaves the kernel without one, unseen). One recorded as leaving that is still a
+// member understates it, which only costs a replacement: should the rest of the migration fail,
+// the replica stays out even if its server reports it running, and the next migration replaces
+// it (its removal again first). A lost replica also stops counting live at once; a live one
+// (a switch) stays linked until the removal's outcome.
+void Migrator::RecordLeaving(Move& m, bool lost) {
   std::optional<StoredKernel> meta;
   registry_->UpdateKernel(m.kernel_id, [&](KernelRecord& r) {
     r.left_group.insert(m.plan.replica_id);
-    r.replica_live[m.plan.replica_id] = false;
+    if (lost) r.replica_live[m.plan.replica_id] = false;
     for (StoredReplica& replica : r.meta.replicas) {
       if (replica.replica_id == m.plan.replica_id) replica.left_group = true;
     }
@@ -216,14 +229,6 @@ Status Migrator::LeaveIfLost(Move& m, StepClock* clock) {
     spdlog::error("kernel {}: recording that replica {} leaves the Raft group: {}", m.kernel_id,
                   m.plan.replica_id, s.ToString());
   }
-  m.session->ReplicaLost(m.plan.replica_id, "it leaves the kernel's Raft group to be replaced");
-  if (Status s = RemoveFromRaftGroup(m.kernel, m.plan.replica_id, options_.step_timeout); !s.ok()) {
-    return s;
-  }
-  registry_->UpdateKernel(m.kernel_id,
-                          [&](KernelRecord& r) { r.left_confirmed.insert(m.plan.replica_id); });
-  clock->Step("lost-left");
-  return Status::Ok();
 }
 
 // The new replica is prepared and launched on the target and joins the Raft group.
@@ -296,6 +301,7 @@ Status Migrator::Switch(Move& m, StepClock* clock, Rollback* rollback) {
   // confirms a removal that committed at once.
   std::optional<KernelRecord> k = registry_->FindKernel(m.kernel_id);
   if (!k) return Unavailable("the kernel is gone");
+  RecordLeaving(m, /*lost=*/false);
   return RemoveFromRaftGroup(*k, m.plan.replica_id, options_.step_timeout);
 }
 

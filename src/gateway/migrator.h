@@ -65,6 +65,8 @@ class Migrator {
   Status Switch(Move& m, StepClock* clock, Rollback* rollback);
   // The undo of the launch and join: the new replica leaves the Raft group, then stops.
   void Withdraw(Move& m);
+  // Records (registry, database) that the replica being replaced leaves the Raft group.
+  void RecordLeaving(Move& m, bool lost);
 
   Registry* registry_;
   MetadataStore* store_;

@@ -45,4 +45,31 @@ Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
   return last;
 }
 
+Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
+                          std::chrono::milliseconds each) {
+  if (!k.session) return Unavailable("the kernel has no session");
+  Status last = Unavailable("no live replica of the kernel to ask for its Raft group");
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto live = k.replica_live.find(r.replica_id);
+    if (r.replica_id == replica_id || live == k.replica_live.end() || !live->second) continue;
+    auto reply = k.session->CallControl(r.replica_id, "nbos_membership_request",
+                                        Json{{"op", "members"}}, each);
+    if (!reply.ok()) {
+      last = reply.status();
+      continue;
+    }
+    const auto members = reply->find("members");
+    if (reply->value("status", "") != "ok" || members == reply->end() || !members->is_array() ||
+        members->empty()) {
+      last = Unavailable("replica " + std::to_string(r.replica_id) + " knows no Raft group");
+      continue;
+    }
+    for (const Json& id : *members) {
+      if (id.is_number_unsigned() && id.get<uint64_t>() == replica_id) return true;
+    }
+    return false;
+  }
+  return last;
+}
+
 }  // namespace nbos::gateway

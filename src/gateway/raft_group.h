@@ -27,4 +27,10 @@ Status ChangeRaftGroup(KernelSession& session, ReplicaId via, jupyter::Json requ
 Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
                            std::chrono::milliseconds each);
 
+// Whether `replica_id` is a voter of kernel `k`'s Raft group, as the first live replica of `k`
+// (other than it) that answers knows the group ({"op": "members"}). Errors: kUnavailable when
+// none answers within `each`.
+Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
+                          std::chrono::milliseconds each);
+
 }  // namespace nbos::gateway

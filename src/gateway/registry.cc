@@ -883,6 +883,51 @@ std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
   return revivals;
 }
 
+std::vector<LeavingCheck> Registry::PlanLeavingChecks(std::chrono::milliseconds every) {
+  MutexLock lock(&mu_);
+  std::vector<LeavingCheck> checks;
+  const auto now = SteadyClock::now();
+  for (auto& [id, k] : kernels_) {
+    if (!k.session || k.suspended || k.migrating || 2 * LiveReplicas(k) > k.meta.replicas.size())
+      continue;
+    for (const StoredReplica& r : k.meta.replicas) {
+      auto server = servers_.find(r.server_id);
+      auto checked = k.leaving_checked_at.find(r.replica_id);
+      if (!k.left_group.count(r.replica_id) || k.left_confirmed.count(r.replica_id) ||
+          server == servers_.end() || !server->second.alive ||
+          (checked != k.leaving_checked_at.end() && now - checked->second < every)) {
+        continue;
+      }
+      for (const auto& st : server->second.status.replicas()) {
+        if (st.kernel_id() == id && st.replica_id() == r.replica_id && st.state() == "running") {
+          k.leaving_checked_at[r.replica_id] = now;
+          checks.push_back({k, r.replica_id});
+        }
+      }
+    }
+  }
+  return checks;
+}
+
+std::optional<StoredKernel> Registry::KeepMember(const std::string& kernel_id,
+                                                 ReplicaId replica_id) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return std::nullopt;
+  KernelRecord& k = it->second;
+  if (k.migrating || !k.left_group.count(replica_id) || k.left_confirmed.count(replica_id)) {
+    return std::nullopt;
+  }
+  k.left_group.erase(replica_id);
+  k.replica_live.erase(replica_id);  // the next heartbeat of its server tells the session
+  for (StoredReplica& r : k.meta.replicas) {
+    if (r.replica_id == replica_id) r.left_group = false;
+  }
+  NoteEventLocked("member-kept", kernel_id,
+                  fmt::format("replica {} is still a member of the Raft group", replica_id));
+  return k.meta;
+}
+
 // A replica its server no longer runs is gone with its log (a restarted daemon forgets both);
 // one on a lost server may come back. A replica known to have left is no voter any more. When
 // the gone ones leave no majority of the voters, none can form again.

@@ -73,6 +73,8 @@ struct KernelRecord {
   std::chrono::milliseconds divergence_backoff{0};
   // When PlanRevivals last asked for each replica's restart.
   std::map<ReplicaId, SteadyClock::time_point> revived_at;
+  // When PlanLeavingChecks last asked about each replica.
+  std::map<ReplicaId, SteadyClock::time_point> leaving_checked_at;
 };
 
 struct ServerRecord {
@@ -170,6 +172,13 @@ struct Revival {
   ReplicaId replica_id = 0;
   std::string server_id;
   std::shared_ptr<daemon::DaemonClient> client;
+};
+
+// A replica recorded as leaving its kernel's Raft group, its removal not confirmed, that its
+// server runs: `kernel` (a copy) is asked whether it is still a member.
+struct LeavingCheck {
+  KernelRecord kernel;
+  ReplicaId replica_id = 0;
 };
 
 // Everything the cluster view and the metrics show, copied at one moment.
@@ -299,6 +308,16 @@ class Registry {
   // server, so it is launched again, each no more often than `every`. Without this a burst of
   // kills that spends two replicas' budgets leaves the kernel stopped for good.
   std::vector<Revival> PlanRevivals(std::chrono::milliseconds every) EXCLUDES(mu_);
+  // For kernels without a live majority: replicas recorded as leaving the Raft group whose
+  // removal no member confirmed (it may not have committed) and that their live servers run,
+  // each no more often than `every`. Such a replica may still be a voter the kernel's majority
+  // needs; the caller asks the kernel's live replicas (KeepMember when one still lists it).
+  std::vector<LeavingCheck> PlanLeavingChecks(std::chrono::milliseconds every) EXCLUDES(mu_);
+  // A live member lists `replica_id` (recorded as leaving) in the kernel's Raft group: it counts
+  // as a member again (live once its server reports it running). Returns the kernel's record to
+  // store, or nothing when the kernel is gone, migrating, or no longer records it as leaving.
+  std::optional<StoredKernel> KeepMember(const std::string& kernel_id, ReplicaId replica_id)
+      EXCLUDES(mu_);
   // The kernel's session says `replica` cannot follow its log (`why`), or, with `why` empty,
   // follows again. PlanMoves replaces such a replica like a lost one, each replacement of one
   // kernel's diverged replicas waiting twice as long as the one before (2 s up to 5 minutes;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "jupyter/message.h"
@@ -90,6 +91,9 @@ class ExecutionGate {
   // without the GIL: runs on the control thread, not the engine's. Errors: kInvalidArgument
   // (the change makes no sense for this group), kUnavailable (no leader, not done in time).
   virtual Status ChangeMembership(const MembershipChange& change) = 0;
+  // The ids of the kernel's Raft group as this replica knows it (the latest configuration it
+  // appended, committed or not); empty when it has none. Thread-safe, without the GIL.
+  virtual std::vector<uint64_t> RaftMembers() { return {}; }
 };
 
 }  // namespace nbos::replica

@@ -704,6 +704,12 @@ void KernelServer::HandleControl(Message request) {
     SendReply(socket, request, Dump(AnswerStateRequest(type)));
   } else if (type == "nbos_execution_request") {
     SendReply(socket, request, AnswerLastExecution());
+  } else if (type == "nbos_membership_request" && request.content.is_object() &&
+             request.content.value("op", Json()) == "members") {
+    // {"op": "members"}: the group as this replica knows it, at once.
+    Json content{{"status", "ok"}, {"members", Json::array()}};
+    if (gate_ != nullptr) content["members"] = gate_->RaftMembers();
+    SendReply(socket, request, Dump(content));
   } else if (type == "nbos_membership_request") {
     // Live migration: blocks this channel until the change committed (a new replica's catch-up
     // included); interrupts sent meanwhile wait.

@@ -29,6 +29,8 @@ bool IsRaftAddress(const std::string& address);
 //   {"op": "add", "replica_id": N, "raft_address": "IPv4:port"}  or
 //   {"op": "remove", "replica_id": N}
 // either with an optional "timeout_ms": a positive integer, how long the asker waits.
+// ({"op": "members"} is a question, not a change: the kernel server answers it at once with the
+// group's ids as the replica knows them, {"status": "ok", "members": [...]}.)
 // Errors: kInvalidArgument naming the missing or malformed field (op not "add"/"remove",
 // replica_id not a positive integer, raft_address missing or not IPv4:port for "add",
 // timeout_ms present but not a positive integer).

@@ -72,6 +72,7 @@ class BackgroundStartedGate final : public ExecutionGate {
   Status ChangeMembership(const MembershipChange& change) override {
     return Gate().ChangeMembership(change);
   }
+  std::vector<uint64_t> RaftMembers() override { return Gate().RaftMembers(); }
 
  private:
   ReplicaGate& Gate() {
@@ -989,6 +990,12 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
           {"prefetch_hits", store_->hits()}}},
         // Raft connections and forwarded requests refused since the process started.
         {"peers_refused", peers_refused_.load()}}}};
+}
+
+std::vector<uint64_t> ReplicaGate::RaftMembers() {
+  std::vector<uint64_t> ids;
+  for (const replication::Member& m : node_->Members()) ids.push_back(m.id);
+  return ids;
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {

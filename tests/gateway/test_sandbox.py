@@ -2,7 +2,8 @@
 a cell of alice's kernel tries to reach bob's kernel and the cluster's state: bob's replica
 directories, /proc/<pid>/environ of bob's replicas, the gateway's database, the cluster
 credential, the blob store's listing, signalling bob's replicas, bob's part of the workspace and
-bob's /tmp. Everything fails, and bob's kernel keeps its state. A cell allocating more memory than its kernel subscribed (KERNEL_MEMORY)
+bob's /tmp, and bob's replicas' Raft and forwarding ports. Everything fails, and bob's kernel keeps
+its state. A cell allocating more memory than its kernel subscribed (KERNEL_MEMORY)
 is stopped with an error saying so, and the other kernels on those servers keep running."""
 
 import glob
@@ -185,5 +186,133 @@ def test_a_user_sees_only_their_own_part_of_the_workspace_and_their_own_tmp(clus
     content, text = run(ops, f"import os\nprint(sorted(os.listdir({root!r})))")
     assert content["status"] == "ok" and {"alice", "bob"} <= set(eval(text)), (content, text)
     for ks, kid, user in ((alice, alice_id, "alice"), (bob, bob_id, "bob"), (ops, ops_id, "ops")):
+        ks.close()
+        assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204
+
+
+def raft_address(pid, replica_dir):
+    """The Raft address ("IP:port") replica `pid` listens on, found as a cell would find it (in
+    /proc/net/tcp) and told apart from its Jupyter ports (its connection file): the lower of the
+    two other ports it listens on (Raft and, one above, forwarded proposals)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    listening = {}
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ip_hex, port_hex = fields[1].split(":")
+                ip = ".".join(str(b) for b in reversed(bytes.fromhex(ip_hex)))
+                listening[int(port_hex, 16)] = ip
+    with open(f"{replica_dir}/connection.json") as f:
+        conn = json.load(f)
+    jupyter = {conn[k] for k in ("shell_port", "iopub_port", "stdin_port", "control_port",
+                                 "hb_port")}
+    others = sorted(set(listening) - jupyter)
+    assert len(others) == 2 and others[1] == others[0] + 1, (listening, jupyter)
+    return f"{listening[others[0]]}:{others[0]}"
+
+
+FORGE = r'''
+import json, socket, struct, zmq
+def forge(targets):
+    def u64(v):
+        return struct.pack("<Q", v)
+    def preamble(member_id, address):
+        a = address.encode() + b"\0"
+        a += b"\0" * (-len(a) % 8)
+        return u64(1) + u64(member_id) + u64(len(a)) + a
+    def disruptive_vote(candidate):
+        big = 1 << 40
+        return u64(3) + u64(40) + u64(big) + u64(candidate) + u64(big) + u64(big) + u64(1)
+    seen = {}
+    for address, claimed in targets:
+        host, port = address.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.sendall(preamble(claimed, address) + b"x" * 32 + disruptive_vote(claimed))
+        got, how = b"", "closed"
+        try:
+            while True:
+                chunk = s.recv(256)
+                if not chunk:
+                    break
+                got += chunk
+        except ConnectionResetError:
+            how = "reset"
+        except socket.timeout:
+            how = "still open"
+        s.close()
+        answers = []
+        d = zmq.Context.instance().socket(zmq.DEALER)
+        d.linger = 0
+        d.connect("tcp://%s:%d" % (host, int(port) + 1))
+        for request in ([b"1", b"", b"forged entry"], [b"2", b"", b"", b"remove", str(claimed).encode()]):
+            d.send_multipart(request)
+            answers.append([f.decode() for f in d.recv_multipart()] if d.poll(10000) else None)
+        d.close()
+        seen[address] = {"raft": [len(got), how], "router": answers}
+    return seen
+print(json.dumps(forge(TARGETS)))
+del forge
+'''
+
+
+def test_a_cell_cannot_speak_to_another_kernels_consensus(cluster):
+    """Alice's cell connects to each of bob's replicas' Raft and forwarding ports, claims to be
+    one of bob's replicas and sends a vote request for a far later term, a proposal and the
+    removal of a member. Raft closes each connection after its challenge, the forwarding port
+    answers "refused"; bob's replicas count and log it, and bob's kernel runs on unchanged."""
+    c = cluster
+    bob_id, bob = start(c, "bob")
+    assert run(bob, "counter = 41")[0]["status"] == "ok"
+    pids = replica_pids(bob_id)
+    dirs = sorted(glob.glob(f"{c.state_dir}/host-*/replicas/{bob_id}-*"))
+    assert len(pids) == 3 and len(dirs) == 3, (pids, dirs)
+    # Which pid runs in which directory does not matter: the Jupyter ports of all three are
+    # excluded by trying each directory.
+    addresses = []
+    for pid in pids:
+        for d in dirs:
+            try:
+                addresses.append(raft_address(pid, d))
+                break
+            except AssertionError:
+                continue
+    assert len(set(addresses)) == 3, addresses
+    # Each claims to be replica 2 (ids are 1-3 at the start): a member the target knows.
+    targets = [(a, 2) for a in addresses]
+    alice_id, alice = start(c, "alice")
+    content, text = run(alice, f"TARGETS = {targets!r}\n" + FORGE)
+    assert content["status"] == "ok", content
+    seen = json.loads(text)
+    print(json.dumps(seen, indent=1))
+    for address, _ in targets:
+        received, how = seen[address]["raft"]
+        assert received <= 32 and how in ("closed", "reset"), (address, seen[address])
+        for answer in seen[address]["router"]:
+            assert answer is not None and answer[1] == "refused", (address, seen[address])
+
+    # Bob's kernel: the same state, three members, and the refusals counted and logged. Bob
+    # connects again: his socket sat unread through alice's cell, which is not what is tested.
+    bob.close()
+    bob = KernelSocket(c.url, bob_id, TOKENS["bob"], timeout=60)
+    reply, iopub = bob.execute("counter += 1\nprint(counter)")
+    text = "".join(m["content"]["text"] for m in iopub if m["msg_type"] == "stream")
+    assert reply["content"]["status"] == "ok" and text == "42\n", (reply["content"], text)
+    assert reply["metadata"]["nbos"]["peers_refused"] >= 3, reply["metadata"]
+    assert len(replica_pids(bob_id)) == 3
+    logs = {p: open(p).read() for p in
+            glob.glob(f"{c.state_dir}/host-*/replicas/{bob_id}-*/replica.log")}
+    assert len(logs) == 3, sorted(logs)
+    for path, log in logs.items():
+        assert "refused a Raft connection from replica" in log, (path, log[-2000:])
+        assert "refused a forwarded request" in log, (path, log[-2000:])
+    for ks, kid, user in ((alice, alice_id, "alice"), (bob, bob_id, "bob")):
         ks.close()
         assert rest_call(c.url, TOKENS[user], "DELETE", f"/api/kernels/{kid}")[0] == 204

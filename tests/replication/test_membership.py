@@ -54,9 +54,14 @@ def migrate_and_check(group):
     group.assert_converged()
 
     r4 = add_replica(group, 4)
+    # Asked who the members are, each replica answers the group it knows, at once.
+    for rid in (1, 2, 3):
+        content = membership(group.replicas[rid], {"op": "members"})
+        assert content == {"status": "ok", "members": [1, 2, 3]}, (rid, content)
     content = membership(group.replicas[2], {"op": "add", "replica_id": 4,
                                              "raft_address": group.addresses[4]})
     assert content == {"status": "ok"}, content
+    assert sorted(membership(group.replicas[3], {"op": "members"})["members"]) == [1, 2, 3, 4]
     # Adding it again is fine; at another address it is not.
     content = membership(group.replicas[3], {"op": "add", "replica_id": 4,
                                              "raft_address": group.addresses[4]})
@@ -67,6 +72,7 @@ def migrate_and_check(group):
 
     content = membership(group.replicas[2], {"op": "remove", "replica_id": 1})
     assert content == {"status": "ok"}, content
+    assert sorted(membership(group.replicas[2], {"op": "members"})["members"]) == [2, 3, 4]
     stop(group.replicas[1])
     # Removing it again, or an id that never was a member, is fine.
     assert membership(r4, {"op": "remove", "replica_id": 1}) == {"status": "ok"}
