@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace nbos::gateway {
 
@@ -29,18 +30,30 @@ Status ChangeRaftGroup(KernelSession& session, ReplicaId via, Json request,
   return Status::Ok();
 }
 
+namespace {
+// The replicas of `k` the gateway counts live, but `except`, in the kernel's order.
+std::vector<ReplicaId> LiveReplicasBut(const KernelRecord& k, ReplicaId except) {
+  std::vector<ReplicaId> ids;
+  for (const StoredReplica& r : k.meta.replicas) {
+    auto live = k.replica_live.find(r.replica_id);
+    if (r.replica_id != except && live != k.replica_live.end() && live->second) {
+      ids.push_back(r.replica_id);
+    }
+  }
+  return ids;
+}
+}  // namespace
+
 Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
                            std::chrono::milliseconds each) {
   if (!k.session) return Unavailable("the kernel has no session");
   Status last = Unavailable("no live replica of the kernel to change its Raft group through");
-  for (const StoredReplica& r : k.meta.replicas) {
-    auto live = k.replica_live.find(r.replica_id);
-    if (r.replica_id == replica_id || live == k.replica_live.end() || !live->second) continue;
-    last = ChangeRaftGroup(*k.session, r.replica_id,
-                           Json{{"op", "remove"}, {"replica_id", replica_id}}, each);
+  for (ReplicaId via : LiveReplicasBut(k, replica_id)) {
+    last =
+        ChangeRaftGroup(*k.session, via, Json{{"op", "remove"}, {"replica_id", replica_id}}, each);
     if (last.ok()) return last;
     spdlog::warn("kernel {}: removing replica {} from the Raft group through replica {}: {}",
-                 k.meta.kernel_id, replica_id, r.replica_id, last.ToString());
+                 k.meta.kernel_id, replica_id, via, last.ToString());
   }
   return last;
 }
@@ -48,28 +61,24 @@ Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
 Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
                           std::chrono::milliseconds each) {
   if (!k.session) return Unavailable("the kernel has no session");
-  Status last = Unavailable("no live replica of the kernel to ask for its Raft group");
-  for (const StoredReplica& r : k.meta.replicas) {
-    auto live = k.replica_live.find(r.replica_id);
-    if (r.replica_id == replica_id || live == k.replica_live.end() || !live->second) continue;
-    auto reply = k.session->CallControl(r.replica_id, "nbos_membership_request",
-                                        Json{{"op", "members"}}, each);
-    if (!reply.ok()) {
-      last = reply.status();
-      continue;
-    }
+  const std::vector<ReplicaId> asked = LiveReplicasBut(k, replica_id);
+  if (asked.empty()) return Unavailable("no live replica of the kernel to ask for its Raft group");
+  for (ReplicaId via : asked) {
+    auto reply =
+        k.session->CallControl(via, "nbos_membership_request", Json{{"op", "members"}}, each);
+    if (!reply.ok()) return reply.status();
     const auto members = reply->find("members");
     if (reply->value("status", "") != "ok" || members == reply->end() || !members->is_array() ||
         members->empty()) {
-      last = Unavailable("replica " + std::to_string(r.replica_id) + " knows no Raft group");
-      continue;
+      return Unavailable("replica " + std::to_string(via) + " knows no Raft group");
     }
-    for (const Json& id : *members) {
-      if (id.is_number_unsigned() && id.get<uint64_t>() == replica_id) return true;
+    if (std::none_of(members->begin(), members->end(), [&](const Json& id) {
+          return id.is_number_unsigned() && id.get<uint64_t>() == replica_id;
+        })) {
+      return false;
     }
-    return false;
   }
-  return last;
+  return true;
 }
 
 }  // namespace nbos::gateway

@@ -27,9 +27,10 @@ Status ChangeRaftGroup(KernelSession& session, ReplicaId via, jupyter::Json requ
 Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
                            std::chrono::milliseconds each);
 
-// Whether `replica_id` is a voter of kernel `k`'s Raft group, as the first live replica of `k`
-// (other than it) that answers knows the group ({"op": "members"}). Errors: kUnavailable when
-// none answers within `each`.
+// Whether `replica_id` is a voter of kernel `k`'s Raft group, asked of every live replica of `k`
+// but it ({"op": "members"}): true only when each lists it. A removal in flight is appended on
+// the leader first and reaches the others later, so one that no longer lists it decides: false.
+// Errors: kUnavailable when one of them does not answer within `each`, or none is live.
 Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
                           std::chrono::milliseconds each);
 
