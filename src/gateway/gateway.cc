@@ -1,5 +1,6 @@
 #include "gateway/gateway.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -63,6 +64,9 @@ struct Gateway::Impl {
   // this long.
   static constexpr std::chrono::milliseconds kReplacementRetry{2000};
   static constexpr std::chrono::milliseconds kRevivalInterval{5000};
+  // Between checks of a kernel's record of its Raft group that nothing made suspect: one
+  // question to each replica, answered without waiting.
+  static constexpr std::chrono::milliseconds kGroupCheckInterval{30000};
   // A scale-in whose server could not be emptied in this time is called off.
   static constexpr std::chrono::milliseconds kReleaseGiveUp{120000};
 
@@ -73,7 +77,7 @@ struct Gateway::Impl {
   CondVar monitor_cv;
   bool stopping GUARDED_BY(monitor_mu) = false;
   std::atomic<uint64_t> monitor_exceptions{0};
-  KeyedWorkQueue leaving_checks{1, "leaving-checks"};  // CheckLeaving, off the monitor thread
+  KeyedWorkQueue group_checks{1, "group-checks"};  // CheckGroup, off the monitor thread
 
   Status OpenJournal() {
     if (options.decision_journal.empty()) return Status::Ok();
@@ -102,8 +106,8 @@ struct Gateway::Impl {
       migrator->Start(r.kernel_id, r.plan, r.reason);
     }
     for (const Revival& r : registry->PlanRevivals(kRevivalInterval)) Revive(r);
-    for (LeavingCheck& c : registry->PlanLeavingChecks(kRevivalInterval)) {
-      leaving_checks.Post(c.kernel.meta.kernel_id, [this, c = std::move(c)] { CheckLeaving(c); });
+    for (KernelRecord& k : registry->PlanGroupChecks(kRevivalInterval, kGroupCheckInterval)) {
+      group_checks.Post(k.meta.kernel_id, [this, k = std::move(k)] { CheckGroup(k); });
     }
     std::optional<sched::ScalingDecision> scaling;
     if (TickIntervalMs() > 0 && SteadyClock::now() >= *next_tick) {
@@ -135,21 +139,45 @@ struct Gateway::Impl {
     }
   }
 
-  // A replica recorded as leaving whose removal may not have committed: if a live member still
-  // lists it, it counts again (the kernel may have its majority with it).
-  void CheckLeaving(const LeavingCheck& c) {
-    const std::string& kernel_id = c.kernel.meta.kernel_id;
-    Result<bool> member = IsRaftMember(c.kernel, c.replica_id, std::chrono::seconds(5));
-    if (!member.ok() || !*member) return;
-    if (auto meta = registry->KeepMember(kernel_id, c.replica_id)) {
-      spdlog::warn(
-          "kernel {}: replica {}, recorded as leaving the Raft group, is still a member: "
-          "it counts again",
-          kernel_id, c.replica_id);
-      if (Status s = store->Put(*meta); !s.ok()) {
-        spdlog::error("kernel {}: recording that replica {} stays: {}", kernel_id, c.replica_id,
-                      s.ToString());
+  // Corrects the gateway's record of kernel `k`'s Raft group by what its leader proves: a
+  // replica recorded as leaving that is still a voter counts again (the kernel may have its
+  // majority with it), and one counted as a member that a committed change removed is replaced
+  // (counted, it overstates the majority, and changes asked through it never commit).
+  void CheckGroup(const KernelRecord& k) {
+    const std::string& kernel_id = k.meta.kernel_id;
+    // Whatever the outcome, even an exception: until then the kernel's migrations wait.
+    struct Checked {
+      Registry& registry;
+      const std::string& kernel_id;
+      ~Checked() { registry.GroupChecked(kernel_id); }
+    } checked{*registry, kernel_id};
+    const auto group = ProvenGroup(AskRaftGroup(k, std::chrono::seconds(5)));
+    if (!group) return;
+    const GroupDrift drift = DriftFrom(k, *group);
+    for (ReplicaId id : drift.kept) {
+      if (auto meta = registry->KeepMember(kernel_id, id)) {
+        spdlog::warn(
+            "kernel {}: replica {}, recorded as leaving the Raft group, is still a member: "
+            "it counts again",
+            kernel_id, id);
+        StoreKernel(*meta, fmt::format("that replica {} stays", id));
       }
+    }
+    for (ReplicaId id : drift.gone) {
+      if (auto meta = registry->NoteGone(kernel_id, id)) {
+        spdlog::warn(
+            "kernel {}: replica {} is no longer a member of the Raft group (its leader's "
+            "committed configuration holds replicas {}): it is replaced",
+            kernel_id, id, fmt::join(*group, ", "));
+        k.session->ReplicaLost(id, "it is no longer a member of the kernel's Raft group");
+        StoreKernel(*meta, fmt::format("that replica {} left the Raft group", id));
+      }
+    }
+  }
+
+  void StoreKernel(const StoredKernel& meta, const std::string& what) {
+    if (Status s = store->Put(meta); !s.ok()) {
+      spdlog::error("kernel {}: recording {}: {}", meta.kernel_id, what, s.ToString());
     }
   }
 
@@ -305,7 +333,7 @@ struct Gateway::Impl {
       monitor_cv.SignalAll();
     }
     if (monitor.joinable()) monitor.join();
-    leaving_checks.Stop();
+    group_checks.Stop();
     blob_gc.reset();  // it asks the kernels' sessions
     if (dashboard) dashboard->Stop();
     http.Stop();

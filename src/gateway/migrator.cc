@@ -180,7 +180,8 @@ Result<Migrator::Move> Migrator::Begin(const std::string& kernel_id,
   if (!m.to_client) return Unavailable("server " + plan.to_server_id + " is gone");
   for (const StoredReplica& r : m.kernel.meta.replicas) {
     auto live = m.kernel.replica_live.find(r.replica_id);
-    if (r.replica_id != plan.replica_id && (live == m.kernel.replica_live.end() || live->second)) {
+    if (r.replica_id != plan.replica_id && !m.kernel.left_group.count(r.replica_id) &&
+        (live == m.kernel.replica_live.end() || live->second)) {
       m.via = r.replica_id;
       break;
     }

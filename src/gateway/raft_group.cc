@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -58,27 +59,66 @@ Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
   return last;
 }
 
-Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
-                          std::chrono::milliseconds each) {
-  if (!k.session) return Unavailable("the kernel has no session");
-  const std::vector<ReplicaId> asked = LiveReplicasBut(k, replica_id);
-  if (asked.empty()) return Unavailable("no live replica of the kernel to ask for its Raft group");
-  for (ReplicaId via : asked) {
+namespace {
+// Nothing when `reply` is no answer to {"op": "members"} (an error, or a replica that knows no
+// group).
+std::optional<GroupAnswer> ReadGroupAnswer(ReplicaId from, const Json& reply) {
+  const auto members = reply.find("members");
+  if (reply.value("status", "") != "ok" || members == reply.end() || !members->is_array() ||
+      members->empty()) {
+    return std::nullopt;
+  }
+  GroupAnswer answer{from, {}, false, false, 0};
+  for (const Json& id : *members) {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > UINT32_MAX) return std::nullopt;
+    answer.members.insert(static_cast<ReplicaId>(id.get<uint64_t>()));
+  }
+  const auto flag = [&](const char* name) {
+    const auto it = reply.find(name);
+    return it != reply.end() && it->is_boolean() && it->get<bool>();
+  };
+  answer.committed = flag("committed");
+  answer.leading = flag("leading");
+  const auto term = reply.find("term");
+  if (term != reply.end() && term->is_number_unsigned()) answer.term = term->get<uint64_t>();
+  return answer;
+}
+}  // namespace
+
+std::vector<GroupAnswer> AskRaftGroup(const KernelRecord& k, std::chrono::milliseconds each) {
+  std::vector<GroupAnswer> answers;
+  if (!k.session) return answers;
+  for (ReplicaId via : LiveReplicasBut(k, 0)) {
     auto reply =
         k.session->CallControl(via, "nbos_membership_request", Json{{"op", "members"}}, each);
-    if (!reply.ok()) return reply.status();
-    const auto members = reply->find("members");
-    if (reply->value("status", "") != "ok" || members == reply->end() || !members->is_array() ||
-        members->empty()) {
-      return Unavailable("replica " + std::to_string(via) + " knows no Raft group");
-    }
-    if (std::none_of(members->begin(), members->end(), [&](const Json& id) {
-          return id.is_number_unsigned() && id.get<uint64_t>() == replica_id;
-        })) {
-      return false;
+    if (!reply.ok()) continue;
+    if (auto answer = ReadGroupAnswer(via, *reply)) answers.push_back(std::move(*answer));
+  }
+  return answers;
+}
+
+std::optional<std::set<ReplicaId>> ProvenGroup(const std::vector<GroupAnswer>& answers) {
+  const GroupAnswer* leader = nullptr;
+  uint64_t latest_term = 0;
+  for (const GroupAnswer& a : answers) {
+    latest_term = std::max(latest_term, a.term);
+    if (a.leading && (leader == nullptr || a.term > leader->term)) leader = &a;
+  }
+  if (leader == nullptr || !leader->committed || leader->term < latest_term) return std::nullopt;
+  return leader->members;
+}
+
+GroupDrift DriftFrom(const KernelRecord& k, const std::set<ReplicaId>& group) {
+  GroupDrift drift;
+  for (const StoredReplica& r : k.meta.replicas) {
+    if (k.left_confirmed.count(r.replica_id)) continue;
+    if (!group.count(r.replica_id)) {
+      drift.gone.push_back(r.replica_id);
+    } else if (k.left_group.count(r.replica_id)) {
+      drift.kept.push_back(r.replica_id);
     }
   }
-  return true;
+  return drift;
 }
 
 }  // namespace nbos::gateway

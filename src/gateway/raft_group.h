@@ -4,6 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
+#include <set>
+#include <vector>
 
 #include "common/status.h"
 #include "gateway/kernel_session.h"
@@ -27,11 +30,35 @@ Status ChangeRaftGroup(KernelSession& session, ReplicaId via, jupyter::Json requ
 Status RemoveFromRaftGroup(const KernelRecord& k, ReplicaId replica_id,
                            std::chrono::milliseconds each);
 
-// Whether `replica_id` is a voter of kernel `k`'s Raft group, asked of every live replica of `k`
-// but it ({"op": "members"}): true only when each lists it. A removal in flight is appended on
-// the leader first and reaches the others later, so one that no longer lists it decides: false.
-// Errors: kUnavailable when one of them does not answer within `each`, or none is live.
-Result<bool> IsRaftMember(const KernelRecord& k, ReplicaId replica_id,
-                          std::chrono::milliseconds each);
+// One replica's answer to {"op": "members"}: its latest configuration, whether that one is
+// committed, whether it leads, and the latest term it has seen.
+struct GroupAnswer {
+  ReplicaId from = 0;
+  std::set<ReplicaId> members;
+  bool committed = false;
+  bool leading = false;
+  uint64_t term = 0;
+};
+
+// Asks each replica of `k` the gateway counts live for the group it knows, waiting at most
+// `each` for each; returns the answers that came.
+std::vector<GroupAnswer> AskRaftGroup(const KernelRecord& k, std::chrono::milliseconds each);
+
+// The kernel's voters as `answers` prove them: the committed configuration of the answer that
+// leads with the highest term, when no answer has seen a later term. (A leader deposed since
+// would not know of changes committed after it; pre-vote keeps a member that cannot win from
+// raising its term.) Nothing when no answer proves it: no leader among them, or its
+// configuration has a change that awaits commit.
+std::optional<std::set<ReplicaId>> ProvenGroup(const std::vector<GroupAnswer>& answers);
+
+// Where the gateway's record of `k` differs from its proven voters `group`: replicas recorded as
+// leaving, with no confirmed removal, that are still voters (`kept`: they count again), and
+// replicas counted as members that are not (`gone`: a committed change removed them, for good,
+// since a replica id is never used twice).
+struct GroupDrift {
+  std::vector<ReplicaId> kept;
+  std::vector<ReplicaId> gone;
+};
+GroupDrift DriftFrom(const KernelRecord& k, const std::set<ReplicaId>& group);
 
 }  // namespace nbos::gateway

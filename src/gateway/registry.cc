@@ -19,6 +19,16 @@ size_t LiveReplicas(const KernelRecord& k) {
   return live;
 }
 
+// The voters of the kernel's Raft group as far as the gateway knows: its replicas but those
+// whose removal committed.
+size_t Voters(const KernelRecord& k) {
+  return std::count_if(k.meta.replicas.begin(), k.meta.replicas.end(), [&](const StoredReplica& r) {
+    return !k.left_confirmed.count(r.replica_id);
+  });
+}
+
+bool HasLiveMajority(const KernelRecord& k) { return 2 * LiveReplicas(k) > Voters(k); }
+
 // What `status` last said of replica `replica_id` of `kernel_id`, if it exited; else null.
 const control::ReplicaStatus* ExitedReplica(const control::ServerStatus& status,
                                             const std::string& kernel_id, uint32_t replica_id) {
@@ -820,7 +830,10 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
   std::vector<MovePlan> plans;
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
-    if (!k.in_cluster || !k.session || k.migrating || now < k.migration_retry_after) continue;
+    if (!k.in_cluster || !k.session || k.migrating || now < k.migration_retry_after ||
+        k.group_check_due || k.group_check_running) {
+      continue;
+    }
     std::string reason;
     const ReplicaId lost = ReplicaToMove(k, &reason);
     if (lost == 0) {
@@ -830,12 +843,11 @@ std::vector<MovePlan> Registry::PlanMoves(std::chrono::milliseconds retry) {
       continue;
     }
     if (!k.replica_live.count(lost) || !k.replica_live.at(lost)) k.lost_since.emplace(lost, now);
-    const size_t live = LiveReplicas(k);
     NoteMajorityLost(k);
-    if (2 * live <= k.meta.replicas.size()) {
+    if (!HasLiveMajority(k)) {
       k.migration_retry_after = now + retry;
-      LogMoveWait(k, fmt::format("{} of {} replicas live; waiting for a majority to replace one",
-                                 live, k.meta.replicas.size()));
+      LogMoveWait(k, fmt::format("{} of {} voters live; waiting for a majority to replace one",
+                                 LiveReplicas(k), Voters(k)));
       continue;
     }
     auto plan = scheduler_.RequestMove(NowMs(), {id, lost, "", WarmServers()});
@@ -866,7 +878,7 @@ std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
     if (!k.session || k.suspended || k.migrating) continue;
-    if (2 * LiveReplicas(k) > k.meta.replicas.size()) continue;
+    if (HasLiveMajority(k)) continue;
     for (const StoredReplica& r : k.meta.replicas) {
       auto server = servers_.find(r.server_id);
       if (server == servers_.end() || !server->second.alive || k.left_group.count(r.replica_id) ||
@@ -883,30 +895,32 @@ std::vector<Revival> Registry::PlanRevivals(std::chrono::milliseconds every) {
   return revivals;
 }
 
-std::vector<LeavingCheck> Registry::PlanLeavingChecks(std::chrono::milliseconds every) {
+std::vector<KernelRecord> Registry::PlanGroupChecks(std::chrono::milliseconds suspect_every,
+                                                    std::chrono::milliseconds every) {
   MutexLock lock(&mu_);
-  std::vector<LeavingCheck> checks;
+  std::vector<KernelRecord> checks;
   const auto now = SteadyClock::now();
   for (auto& [id, k] : kernels_) {
-    if (!k.session || k.suspended || k.migrating || 2 * LiveReplicas(k) > k.meta.replicas.size())
+    if (!k.session || k.suspended || k.migrating || k.group_check_running || LiveReplicas(k) == 0) {
       continue;
-    for (const StoredReplica& r : k.meta.replicas) {
-      auto server = servers_.find(r.server_id);
-      auto checked = k.leaving_checked_at.find(r.replica_id);
-      if (!k.left_group.count(r.replica_id) || k.left_confirmed.count(r.replica_id) ||
-          server == servers_.end() || !server->second.alive ||
-          (checked != k.leaving_checked_at.end() && now - checked->second < every)) {
-        continue;
-      }
-      for (const auto& st : server->second.status.replicas()) {
-        if (st.kernel_id() == id && st.replica_id() == r.replica_id && st.state() == "running") {
-          k.leaving_checked_at[r.replica_id] = now;
-          checks.push_back({k, r.replica_id});
-        }
-      }
     }
+    const auto since = now - k.group_checked_at;
+    if (!k.group_check_due && since < every && (since < suspect_every || HasLiveMajority(k))) {
+      continue;
+    }
+    k.group_check_running = true;
+    k.group_checked_at = now;
+    checks.push_back(k);
   }
   return checks;
+}
+
+void Registry::GroupChecked(const std::string& kernel_id) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end()) return;
+  it->second.group_check_running = false;
+  it->second.group_check_due = false;
 }
 
 std::optional<StoredKernel> Registry::KeepMember(const std::string& kernel_id,
@@ -925,6 +939,28 @@ std::optional<StoredKernel> Registry::KeepMember(const std::string& kernel_id,
   }
   NoteEventLocked("member-kept", kernel_id,
                   fmt::format("replica {} is still a member of the Raft group", replica_id));
+  return k.meta;
+}
+
+std::optional<StoredKernel> Registry::NoteGone(const std::string& kernel_id, ReplicaId replica_id) {
+  MutexLock lock(&mu_);
+  auto it = kernels_.find(kernel_id);
+  if (it == kernels_.end() || it->second.migrating || it->second.left_confirmed.count(replica_id)) {
+    return std::nullopt;
+  }
+  KernelRecord& k = it->second;
+  bool known = false;
+  for (StoredReplica& r : k.meta.replicas) {
+    if (r.replica_id != replica_id) continue;
+    r.left_group = true;
+    known = true;
+  }
+  if (!known) return std::nullopt;
+  k.left_group.insert(replica_id);
+  k.left_confirmed.insert(replica_id);
+  k.replica_live[replica_id] = false;
+  NoteEventLocked("member-gone", kernel_id,
+                  fmt::format("replica {} is no longer a member of the Raft group", replica_id));
   return k.meta;
 }
 
@@ -1018,7 +1054,10 @@ void Registry::EndMigration(const std::string& kernel_id, const Status& outcome,
   if (k != kernels_.end()) {
     k->second.migrating = false;
     k->second.migration.reset();
-    if (!outcome.ok()) k->second.migration_retry_after = SteadyClock::now() + backoff;
+    if (!outcome.ok()) {
+      k->second.migration_retry_after = SteadyClock::now() + backoff;
+      k->second.group_check_due = true;
+    }
   }
   if (!outcome.ok()) ++counters_.migrations_failed;
 }

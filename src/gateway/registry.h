@@ -73,8 +73,13 @@ struct KernelRecord {
   std::chrono::milliseconds divergence_backoff{0};
   // When PlanRevivals last asked for each replica's restart.
   std::map<ReplicaId, SteadyClock::time_point> revived_at;
-  // When PlanLeavingChecks last asked about each replica.
-  std::map<ReplicaId, SteadyClock::time_point> leaving_checked_at;
+  // When PlanGroupChecks last had the kernel's Raft group asked for (CheckGroup), whether that
+  // check runs, and whether one is due before the next migration: a migration that failed may
+  // have failed on a record that drifted from the group (a member that is none), and would
+  // fail the same way again.
+  SteadyClock::time_point group_checked_at{};
+  bool group_check_running = false;
+  bool group_check_due = false;
 };
 
 struct ServerRecord {
@@ -176,11 +181,6 @@ struct Revival {
 
 // A replica recorded as leaving its kernel's Raft group, its removal not confirmed, that its
 // server runs: `kernel` (a copy) is asked whether it is still a member.
-struct LeavingCheck {
-  KernelRecord kernel;
-  ReplicaId replica_id = 0;
-};
-
 // Everything the cluster view and the metrics show, copied at one moment.
 struct RegistrySnapshot {
   std::vector<std::pair<sched::ServerView, std::optional<ServerRecord>>> servers;
@@ -308,15 +308,26 @@ class Registry {
   // server, so it is launched again, each no more often than `every`. Without this a burst of
   // kills that spends two replicas' budgets leaves the kernel stopped for good.
   std::vector<Revival> PlanRevivals(std::chrono::milliseconds every) EXCLUDES(mu_);
-  // For kernels without a live majority: replicas recorded as leaving the Raft group whose
-  // removal no member confirmed (it may not have committed) and that their live servers run,
-  // each no more often than `every`. Such a replica may still be a voter the kernel's majority
-  // needs; the caller asks the kernel's live replicas (KeepMember when one still lists it).
-  std::vector<LeavingCheck> PlanLeavingChecks(std::chrono::milliseconds every) EXCLUDES(mu_);
-  // A live member lists `replica_id` (recorded as leaving) in the kernel's Raft group: it counts
-  // as a member again (live once its server reports it running). Returns the kernel's record to
+  // Kernels whose record of their Raft group is to be checked against the group: those a failed
+  // migration left due, those without a live majority once `suspect_every` passed since their
+  // last check, any other after `every`; not while migrating, only with a live replica to ask.
+  // The gateway's record drifts from the group when a membership change committed after the
+  // gateway stopped waiting (or was killed), or never committed after it was recorded. The
+  // caller asks the live replicas (AskRaftGroup), corrects the record (KeepMember, NoteGone),
+  // then calls GroupChecked; PlanMoves leaves the kernel alone meanwhile.
+  std::vector<KernelRecord> PlanGroupChecks(std::chrono::milliseconds suspect_every,
+                                            std::chrono::milliseconds every) EXCLUDES(mu_);
+  void GroupChecked(const std::string& kernel_id) EXCLUDES(mu_);
+  // The kernel's proven Raft group lists `replica_id` (recorded as leaving): it counts as a
+  // member again (live once its server reports it running). Returns the kernel's record to
   // store, or nothing when the kernel is gone, migrating, or no longer records it as leaving.
   std::optional<StoredKernel> KeepMember(const std::string& kernel_id, ReplicaId replica_id)
+      EXCLUDES(mu_);
+  // The kernel's proven Raft group does not list `replica_id`: it left for good. It is recorded
+  // as leaving with its removal confirmed and stops counting live, so PlanMoves replaces it.
+  // Returns the kernel's record to store, or nothing when the kernel is gone, migrating, or
+  // already knew.
+  std::optional<StoredKernel> NoteGone(const std::string& kernel_id, ReplicaId replica_id)
       EXCLUDES(mu_);
   // The kernel's session says `replica` cannot follow its log (`why`), or, with `why` empty,
   // follows again. PlanMoves replaces such a replica like a lost one, each replacement of one

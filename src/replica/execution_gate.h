@@ -91,9 +91,16 @@ class ExecutionGate {
   // without the GIL: runs on the control thread, not the engine's. Errors: kInvalidArgument
   // (the change makes no sense for this group), kUnavailable (no leader, not done in time).
   virtual Status ChangeMembership(const MembershipChange& change) = 0;
-  // The ids of the kernel's Raft group as this replica knows it (the latest configuration it
-  // appended, committed or not); empty when it has none. Thread-safe, without the GIL.
-  virtual std::vector<uint64_t> RaftMembers() { return {}; }
+  // The kernel's Raft group as this replica knows it: the ids of the latest configuration it
+  // appended, whether that one is committed, whether this replica leads, and the latest term it
+  // has seen; no members when it has none. Thread-safe, without the GIL.
+  struct RaftGroupView {
+    std::vector<uint64_t> members;
+    bool committed = false;
+    bool leading = false;
+    uint64_t term = 0;
+  };
+  virtual RaftGroupView RaftGroup() { return {}; }
 };
 
 }  // namespace nbos::replica

@@ -706,9 +706,14 @@ void KernelServer::HandleControl(Message request) {
     SendReply(socket, request, AnswerLastExecution());
   } else if (type == "nbos_membership_request" && request.content.is_object() &&
              request.content.value("op", Json()) == "members") {
-    // {"op": "members"}: the group as this replica knows it, at once.
-    Json content{{"status", "ok"}, {"members", Json::array()}};
-    if (gate_ != nullptr) content["members"] = gate_->RaftMembers();
+    // {"op": "members"}: the group as this replica knows it, without waiting for a change.
+    const ExecutionGate::RaftGroupView group =
+        gate_ != nullptr ? gate_->RaftGroup() : ExecutionGate::RaftGroupView{};
+    Json content{{"status", "ok"},
+                 {"members", group.members},
+                 {"committed", group.committed},
+                 {"leading", group.leading},
+                 {"term", group.term}};
     SendReply(socket, request, Dump(content));
   } else if (type == "nbos_membership_request") {
     // Live migration: blocks this channel until the change committed (a new replica's catch-up

@@ -30,7 +30,8 @@ bool IsRaftAddress(const std::string& address);
 //   {"op": "remove", "replica_id": N}
 // either with an optional "timeout_ms": a positive integer, how long the asker waits.
 // ({"op": "members"} is a question, not a change: the kernel server answers it at once with the
-// group's ids as the replica knows them, {"status": "ok", "members": [...]}.)
+// group as the replica knows it, {"status": "ok", "members": [ids of its latest configuration],
+// "committed": whether that one is committed, "leading": whether it leads, "term": N}.)
 // Errors: kInvalidArgument naming the missing or malformed field (op not "add"/"remove",
 // replica_id not a positive integer, raft_address missing or not IPv4:port for "add",
 // timeout_ms present but not a positive integer).

@@ -72,7 +72,7 @@ class BackgroundStartedGate final : public ExecutionGate {
   Status ChangeMembership(const MembershipChange& change) override {
     return Gate().ChangeMembership(change);
   }
-  std::vector<uint64_t> RaftMembers() override { return Gate().RaftMembers(); }
+  RaftGroupView RaftGroup() override { return Gate().RaftGroup(); }
 
  private:
   ReplicaGate& Gate() {
@@ -992,10 +992,11 @@ Json ReplicaGate::ReplyMetadata(const Decision& decision) {
         {"peers_refused", peers_refused_.load()}}}};
 }
 
-std::vector<uint64_t> ReplicaGate::RaftMembers() {
-  std::vector<uint64_t> ids;
-  for (const replication::Member& m : node_->Members()) ids.push_back(m.id);
-  return ids;
+ExecutionGate::RaftGroupView ReplicaGate::RaftGroup() {
+  const replication::RaftNode::GroupView group = node_->Group();
+  RaftGroupView view{{}, group.committed, group.leading, group.term};
+  for (const replication::Member& m : group.members) view.members.push_back(m.id);
+  return view;
 }
 
 Status ReplicaGate::ChangeMembership(const MembershipChange& change) {

@@ -105,7 +105,7 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   // leader; see ProposalRouter::AddMember and RemoveMember for idempotency and errors. Waits at
   // most ReplicaOptions::membership_timeout.
   Status ChangeMembership(const MembershipChange& change) override;
-  std::vector<uint64_t> RaftMembers() override;
+  RaftGroupView RaftGroup() override;
   // An entry that could not be applied (behind_why_), else names whose values could not be
   // rebuilt here (unrebuilt_why_, from the engine).
   std::string Divergence() override;

@@ -620,6 +620,24 @@ bool RaftNode::HasAllEntries(ServerId id) {
   return future.get();
 }
 
+RaftNode::GroupView RaftNode::Group() {
+  Impl* p = impl_.get();
+  auto read = [p] {
+    GroupView view;
+    if (p->raft_closing) return view;
+    view.members = p->CurrentMembers();
+    view.committed = p->raft.configuration_uncommitted_index == 0;
+    view.leading = raft_state(&p->raft) == RAFT_LEADER;
+    view.term = p->raft.current_term;
+    return view;
+  };
+  if (std::this_thread::get_id() == p->loop_thread_id) return read();
+  auto promise = std::make_shared<std::promise<GroupView>>();
+  auto future = promise->get_future();
+  if (!p->Post([read, promise] { promise->set_value(read()); })) return GroupView{};
+  return future.get();
+}
+
 std::vector<Member> RaftNode::Members() {
   Impl* p = impl_.get();
   if (std::this_thread::get_id() == p->loop_thread_id) return p->CurrentMembers();

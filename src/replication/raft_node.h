@@ -92,6 +92,15 @@ class RaftNode final : public ReplicatedLog {
   // leader's last entries (a promotion just committed), and the new leader then decides on an
   // older configuration; a leader waits for this before it hands leadership over.
   bool HasAllEntries(ServerId id);
+  // What this member knows of its group, read on the loop (it waits for it): what a gateway
+  // needs to tell which replicas are voters when its own records may be stale.
+  struct GroupView {
+    std::vector<Member> members;  // as Members()
+    bool committed = false;       // no configuration change of `members` awaits commit
+    bool leading = false;         // this member is the leader
+    uint64_t term = 0;            // the latest term this member has seen
+  };
+  GroupView Group();
 
  private:
   struct Impl;

@@ -254,6 +254,27 @@ TEST_F(RaftNodeTest, MigrationAddPromoteRemoveTransfer) {
   EXPECT_GE(machines_[3]->restores(), 1);  // caught up from a snapshot
 }
 
+TEST_F(RaftNodeTest, GroupTellsTheLeaderTheTermAndTheCommittedMembers) {
+  size_t leader = Leader();
+  ASSERT_TRUE(ProposeSync(*nodes_[leader], "x").ok());
+  const RaftNode::GroupView led = nodes_[leader]->Group();
+  EXPECT_TRUE(led.leading);
+  EXPECT_TRUE(led.committed);
+  EXPECT_GE(led.term, 1u);
+  EXPECT_EQ(led.members.size(), 3u);
+  const size_t follower = (leader + 1) % 3;
+  const RaftNode::GroupView followed = nodes_[follower]->Group();
+  EXPECT_FALSE(followed.leading);
+  EXPECT_EQ(followed.term, led.term);
+  ASSERT_TRUE(DoneSync([&](auto done) { nodes_[leader]->Remove(follower + 1, done); }).ok());
+  const RaftNode::GroupView after = nodes_[leader]->Group();
+  EXPECT_TRUE(after.committed);
+  ASSERT_EQ(after.members.size(), 2u);
+  for (const Member& m : after.members) EXPECT_NE(m.id, follower + 1);
+  nodes_[leader]->Close();
+  EXPECT_TRUE(nodes_[leader]->Group().members.empty());
+}
+
 TEST_F(RaftNodeTest, CloseFailsPendingWorkInsteadOfLosingCallbacks) {
   size_t leader = Leader();
   std::vector<std::future<Result<uint64_t>>> results;

@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+from jupyter_client import BlockingKernelClient
 
 from cluster import KernelSocket, rest_call, split_cluster
 
@@ -372,6 +373,51 @@ def test_a_gateway_killed_after_a_replacement_joined_leaves_no_dead_voter(cluste
         for h in frozen:
             c.signal_host(h, signal.SIGCONT)
     runs_cells_with_one_more_server_frozen(c, kid, wait_whole(c, kid, set(), set(), timeout=150))
+
+
+def remove_behind_the_gateways_back(c, kid, via, host, removed):
+    """Takes `removed` out of the kernel's Raft group through replica `via`'s control channel,
+    as a membership change that committed after the gateway stopped waiting for it would."""
+    conn = f"{c.ps.root}/host-{host[via]}/replicas/{kid}-{via}/connection.json"
+    client = BlockingKernelClient(connection_file=conn)
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        for rid in removed:
+            msg = client.session.msg("nbos_membership_request",
+                                     {"op": "remove", "replica_id": rid})
+            client.control_channel.send(msg)
+            reply = client.get_control_msg(timeout=60)
+            assert reply["content"] == {"status": "ok"}, (rid, reply["content"])
+    finally:
+        client.stop_channels()
+
+
+def test_members_removed_behind_the_gateways_back_are_found_and_replaced(cluster):
+    """Two replicas of a kernel leave its Raft group by changes the gateway never saw commit: the
+    group is the executor alone, while the gateway counts three live members. Changes asked
+    through either of the two would never commit, and the next loss would leave a kernel the
+    gateway thinks has its majority stopped for good. The gateway's periodic check of the group
+    learns it from the group's leader and replaces both through the member left: the kernel is
+    whole again, with its state on every replica, and runs cells with another server frozen."""
+    c = cluster
+    kid, ks, executor, host = kernel_with_x(c)
+    removed = {rid for rid in host if rid != executor}
+    remove_behind_the_gateways_back(c, kid, executor, host, sorted(removed))
+    deadline = time.time() + 150
+    while True:
+        replicas = wait_whole(c, kid, set(), set(), timeout=150)
+        if not removed & set(replicas):
+            break
+        assert time.time() < deadline, f"replicas removed from the group still counted: {replicas}"
+        time.sleep(0.5)
+    gateway_log = pathlib.Path(c.ps.root, "gateway.log").read_text(errors="replace")
+    for rid in removed:
+        assert re.search(rf"kernel {kid}: replica {rid} is no longer a member of the Raft group",
+                         gateway_log), rid
+    assert x_on_every_replica(c, ks, kid) == {"41"}
+    ks.close()
+    runs_cells_with_one_more_server_frozen(c, kid, wait_whole(c, kid, set(), set()))
 
 
 def test_a_replica_that_left_the_group_stays_out_after_a_gateway_restart(cluster):

@@ -54,10 +54,15 @@ def migrate_and_check(group):
     group.assert_converged()
 
     r4 = add_replica(group, 4)
-    # Asked who the members are, each replica answers the group it knows, at once.
-    for rid in (1, 2, 3):
-        content = membership(group.replicas[rid], {"op": "members"})
-        assert content == {"status": "ok", "members": [1, 2, 3]}, (rid, content)
+    # Asked who the members are, each replica answers the group it knows, at once: the same
+    # committed configuration and term everywhere, and one of them leads.
+    answers = {rid: membership(group.replicas[rid], {"op": "members"}) for rid in (1, 2, 3)}
+    for rid, content in answers.items():
+        assert set(content) == {"status", "members", "committed", "leading", "term"}, content
+        assert content["status"] == "ok" and content["members"] == [1, 2, 3], (rid, content)
+        assert content["committed"] is True and content["term"] >= 1, (rid, content)
+    assert len({content["term"] for content in answers.values()}) == 1, answers
+    assert sum(content["leading"] for content in answers.values()) == 1, answers
     content = membership(group.replicas[2], {"op": "add", "replica_id": 4,
                                              "raft_address": group.addresses[4]})
     assert content == {"status": "ok"}, content
