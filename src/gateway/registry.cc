@@ -812,6 +812,10 @@ void Registry::NoteDivergence(const std::string& kernel_id, uint32_t replica_id,
     }
     return;
   }
+  if (!k->second.diverged.count(replica_id)) {
+    k->second.divergence_retry_after =
+        std::max(k->second.divergence_retry_after, SteadyClock::now() + kDivergenceGrace);
+  }
   k->second.diverged[replica_id] = why;
   spdlog::warn("kernel {}: replica {} cannot follow its log: {}", kernel_id, replica_id, why);
   NoteEventLocked("replica-diverged", kernel_id,

@@ -334,9 +334,13 @@ class Registry {
   // kernel's diverged replicas waiting twice as long as the one before (2 s up to 5 minutes;
   // back to 2 s after 10 quiet minutes): a failure every new replica meets (a value that cannot
   // be rebuilt anywhere but on its executor) must not replace replicas without end, and one that
-  // passes must still be healed. The cluster view shows it.
+  // passes must still be healed. A replica that newly diverged is left kDivergenceGrace to
+  // rebuild itself first: most such failures pass (the blob store was restarting), the replica
+  // retries on its own, and its replacement would need the same store. The cluster view shows
+  // it.
   void NoteDivergence(const std::string& kernel_id, uint32_t replica_id, const std::string& why)
       EXCLUDES(mu_);
+  static constexpr std::chrono::milliseconds kDivergenceGrace{10000};
   static constexpr std::chrono::milliseconds kDivergenceBackoffFirst{2000};
   static constexpr std::chrono::milliseconds kDivergenceBackoffMax{300000};
   static constexpr std::chrono::minutes kDivergenceQuiet{10};

@@ -29,8 +29,12 @@ constexpr size_t kLoggedFieldMaxBytes = 1u << 20;
 // what a replica that catches up is sent) is the checkpoint plus that journal, and deltas of up
 // to 4 MiB each (nbos_state's payload_threshold) would otherwise make it hundreds of MB.
 constexpr size_t kCheckpointAfterJournalBytes = 16u << 20;
-// A rebuild that failed within this long is tried again before a cell is refused.
+// A rebuild that failed within this long is tried again before a cell is refused, and while
+// idle after kIdleRebuildFirst, then twice as long after each one that failed, up to
+// kIdleRebuildMax.
 constexpr std::chrono::milliseconds kQuickRebuild{1000};
+constexpr std::chrono::milliseconds kIdleRebuildFirst{2000};
+constexpr std::chrono::milliseconds kIdleRebuildMax{60000};
 constexpr std::chrono::milliseconds kOutcomeLateAfter{5000};
 // The outcome of an election a CANCEL decided (ReplicaGate::outcomes_).
 constexpr std::string_view kCancelledOutcome = "cancelled";
@@ -462,10 +466,22 @@ std::string ReplicaGate::Divergence() {
 
 void ReplicaGate::Pump() {
   ProcessEvents();
-  // One rebuild from the log after a failure to follow, while idle: a failure that passes (the
-  // blob store was unreachable) heals here, and a cell routed to this replica is answered at
-  // once instead of waiting for a rebuild that fails the same way.
-  if (!rebuild_tried_ && !Divergence().empty()) RebuildFromLog();
+  // Rebuilds from the log after a failure to follow, while idle: at once, then again while the
+  // rebuilds fail quickly. A failure that passes (the blob store was unreachable or restarting)
+  // heals here, before the gateway replaces the replica (a replacement would need the same
+  // store), and a cell routed to this replica is answered at once instead of waiting for a
+  // rebuild that fails the same way.
+  if (!Divergence().empty() && !rebuild_tried_) {
+    idle_rebuild_every_ = kIdleRebuildFirst;
+    RebuildFromLog();
+  } else if (!Divergence().empty() && last_rebuild_ <= kQuickRebuild &&
+             std::chrono::steady_clock::now() - last_rebuild_at_ >=
+                 std::max(idle_rebuild_every_, kIdleRebuildFirst)) {
+    idle_rebuild_every_ = std::clamp(2 * idle_rebuild_every_, kIdleRebuildFirst, kIdleRebuildMax);
+    spdlog::warn("this replica's namespace differs from the log's ({}); rebuilding it",
+                 Divergence());
+    RebuildFromLog();
+  }
   if (want_leadership_) {
     // The executor of the last cell is likely the next one (the scheduler keeps executors
     // sticky): as Raft leader its elections and commits skip the forwarding hop and the wait
@@ -825,8 +841,8 @@ void ReplicaGate::RebuildFromLog() {
   }
   ProcessEvents();
   rebuild_tried_ = true;
-  last_rebuild_ = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
+  last_rebuild_at_ = std::chrono::steady_clock::now();
+  last_rebuild_ = std::chrono::duration_cast<std::chrono::milliseconds>(last_rebuild_at_ - start);
 }
 
 void ReplicaGate::SetLoggedFields(std::string code, const std::string& reply_content,

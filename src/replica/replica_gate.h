@@ -284,7 +284,10 @@ class ReplicaGate final : public ExecutionGate, private KernelStateMachine::List
   std::string behind_why_;
   std::string unrebuilt_why_;  // the engine's account of names it could not rebuild
   bool rebuild_tried_ = true;  // since the namespace last started to differ from the log's
-  std::chrono::milliseconds last_rebuild_{0};  // how long the last rebuild took
+  std::chrono::milliseconds last_rebuild_{0};                // how long the last rebuild took
+  std::chrono::steady_clock::time_point last_rebuild_at_{};  // when it ended
+  // Between rebuilds while idle (Pump): doubles after each that failed, from kIdleRebuildFirst.
+  std::chrono::milliseconds idle_rebuild_every_{0};
   // The execution running ahead of its LEAD, and the journal records its namespace reflected.
   struct RunAhead {
     std::string exec_id;

@@ -821,6 +821,39 @@ def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
         group.close()
 
 
+def test_a_replica_that_could_not_apply_a_cell_heals_while_idle_once_the_store_is_back():
+    """Replica 3 reads a store without the executor's blobs, so it cannot apply the cell that
+    made `a`, and its replies say so (the gateway would replace it). Once the blobs are there it
+    rebuilds its namespace from the log on its own, with no cell routed to it: its replies as a
+    standby no longer say it diverged, and it holds `a`."""
+    group = Group()
+    try:
+        lonely = os.path.join(group.dir, "replica-3-blobs")
+        os.makedirs(lonely)
+        group.replicas[3].kill()
+        group.replicas[3].store_url = "dir://" + lonely
+        group.replicas[3].start()
+        results = group.execute("import numpy as np\na = np.arange(100_000.0)\nn = 1", 1)
+        check_cell(results, 1)
+        assert results[3][0]["metadata"]["nbos"]["diverged"], results[3][0]["metadata"]
+        time.sleep(3)  # a rebuild while the blobs are still missing fails again
+        shutil.copytree(os.path.join(group.dir, "blobs"), lonely, dirs_exist_ok=True)
+        deadline = time.time() + 30
+        while True:
+            results = group.execute("n += 1", 1)
+            check_cell(results, 1)
+            if "diverged" not in results[3][0]["metadata"]["nbos"]:
+                break
+            assert time.time() < deadline, results[3][0]["metadata"]
+            time.sleep(0.5)
+        assert "rebuilding it" in group.replicas[3].stderr()
+        _, outputs = check_cell(group.execute("print(float(a.sum()))", 3), 3)
+        assert stream_text(outputs) == "4999950000.0\n"
+        group.assert_converged()
+    finally:
+        group.close()
+
+
 def test_a_journal_of_large_deltas_is_checkpointed_before_64_cells():
     """Deltas of 2.5 MB each (a list's pickle, inline in the log): once 16 MiB of them are in the
     journal the executor takes a checkpoint, instead of after 64 records, so the Raft snapshot
