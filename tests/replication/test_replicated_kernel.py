@@ -789,11 +789,9 @@ def test_a_store_that_goes_away_loses_no_cell_and_large_pickles_go_to_the_store(
         redis.wait()
 
 
-def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
-    """Replica 3 reads a store without the executor's blobs, so it cannot apply the cell that
-    made `a`. Elected next, it does not run the cell on the namespace that lacks `a` but says
-    why, and the other replicas, told through the log, answer the same at once; once the blobs
-    are there, it rebuilds its namespace from the log and runs the cell."""
+def group_with_replica_3_on_an_empty_store():
+    """A group whose replica 3 reads a blob store of its own, empty: it cannot apply what the
+    executor put in the shared one. Returns the group and that store's directory."""
     group = Group()
     try:
         lonely = os.path.join(group.dir, "replica-3-blobs")
@@ -801,6 +799,19 @@ def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
         group.replicas[3].kill()
         group.replicas[3].store_url = "dir://" + lonely
         group.replicas[3].start()
+    except BaseException:
+        group.close()
+        raise
+    return group, lonely
+
+
+def test_a_replica_that_could_not_apply_a_cell_rebuilds_before_it_runs_one():
+    """Replica 3 reads a store without the executor's blobs, so it cannot apply the cell that
+    made `a`. Elected next, it does not run the cell on the namespace that lacks `a` but says
+    why, and the other replicas, told through the log, answer the same at once; once the blobs
+    are there, it rebuilds its namespace from the log and runs the cell."""
+    group, lonely = group_with_replica_3_on_an_empty_store()
+    try:
         check_cell(group.execute("import numpy as np\na = np.arange(100_000.0)\nn = 1", 1), 1)
         _, sent = group.send_execute("n += 1\nprint(float(a.sum()), n)", 3)
         reply, outputs = group.collect({3: sent[3]})[3]
@@ -826,13 +837,8 @@ def test_a_replica_that_could_not_apply_a_cell_heals_while_idle_once_the_store_i
     made `a`, and its replies say so (the gateway would replace it). Once the blobs are there it
     rebuilds its namespace from the log on its own, with no cell routed to it: its replies as a
     standby no longer say it diverged, and it holds `a`."""
-    group = Group()
+    group, lonely = group_with_replica_3_on_an_empty_store()
     try:
-        lonely = os.path.join(group.dir, "replica-3-blobs")
-        os.makedirs(lonely)
-        group.replicas[3].kill()
-        group.replicas[3].store_url = "dir://" + lonely
-        group.replicas[3].start()
         results = group.execute("import numpy as np\na = np.arange(100_000.0)\nn = 1", 1)
         check_cell(results, 1)
         assert results[3][0]["metadata"]["nbos"]["diverged"], results[3][0]["metadata"]
